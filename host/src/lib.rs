@@ -1,0 +1,1 @@
+//! maporl: multi-agent post-co-training of LLMs with reinforcement learning (MAPoRL).
