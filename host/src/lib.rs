@@ -1,1 +1,11 @@
 //! maporl: multi-agent post-co-training of LLMs with reinforcement learning (MAPoRL).
+//!
+//! Data flows one way: data -> debate (protocol, agents, verifier) -> reward shaper -> ppo ->
+//! checkpoint + metrics. Collaboration protocols, verifiers and reward shapers are
+//! WebAssembly components run in a sandbox ([`plugin`]).
+
+pub mod cli;
+pub mod data;
+pub mod debate;
+pub mod plugin;
+pub mod transcript;

@@ -1,0 +1,115 @@
+//! `maporl demo`: debates between scripted stand-in agents through the real reference
+//! plugins, shown turn by turn. The stand-in is not an LLM: it answers right with a fixed
+//! probability per agent and may adopt its peers' majority answer at later turns.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::debate::{self, Plugins, ScriptedTeam};
+use crate::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Directory holding debate.wasm, gsm8k.wasm and influence.wasm.
+    #[arg(long)]
+    plugins: Option<PathBuf>,
+    /// Number of questions.
+    #[arg(long, default_value_t = 4)]
+    tasks: usize,
+    /// Number of agents.
+    #[arg(long, default_value_t = 2)]
+    agents: u32,
+    /// Number of turns.
+    #[arg(long, default_value_t = 3)]
+    turns: u32,
+    /// Difficulty of the arithmetic questions (1-3).
+    #[arg(long, default_value_t = 3)]
+    difficulty: u32,
+    /// Seed for the questions, the stand-in agents and the plugins' sandbox.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let dir = args.plugins.unwrap_or_else(super::default_plugins_dir);
+    let runtime = Runtime::new(RuntimeOptions {
+        seed: args.seed,
+        ..RuntimeOptions::default()
+    })?;
+    let limits = Limits::default();
+    let settings = serde_json::json!({});
+    let path = |name: &str| {
+        let p = dir.join(name);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(anyhow::anyhow!(
+                "{} not found: build the reference plugins first (`cargo xtask plugins`) or pass --plugins DIR",
+                p.display()
+            ))
+        }
+    };
+    let mut plugins = Plugins {
+        protocol: Protocol::load(&runtime, &path("debate.wasm")?, &settings, &limits)?,
+        verifier: Verifier::load(&runtime, &path("gsm8k.wasm")?, &settings, &limits)?,
+        shaper: RewardShaper::load(&runtime, &path("influence.wasm")?, &settings, &limits)?,
+    };
+    let tasks = crate::data::arithmetic(args.tasks, args.difficulty, args.seed);
+    // Skills spread from 0.3 to 0.8 so the agents disagree often enough to debate.
+    let skill = (0..args.agents)
+        .map(|a| 0.3 + 0.5 * f64::from(a) / f64::from(args.agents.max(2) - 1))
+        .collect();
+    let mut team = ScriptedTeam::new(&tasks, skill, 0.6, args.seed);
+    println!(
+        "maporl demo: {} debates, {} agents x {} turns, scripted stand-in agents (not LLMs)",
+        tasks.len(),
+        args.agents,
+        args.turns
+    );
+    println!(
+        "plugins: {} ({}), {} ({}), {} ({})\n",
+        plugins.protocol.identity().name,
+        &plugins.protocol.identity().sha256[..12],
+        plugins.verifier.identity().name,
+        &plugins.verifier.identity().sha256[..12],
+        plugins.shaper.identity().name,
+        &plugins.shaper.identity().sha256[..12],
+    );
+    let debates = debate::run(&mut plugins, &mut team, &tasks, args.agents, args.turns)
+        .context("running the debates")?;
+    let mut accuracy = vec![0.0; args.turns as usize];
+    for d in &debates {
+        println!("== task {}: {} (reference {})", d.task.id, d.task.question, d.task.reference);
+        for (t, decision) in d.decisions.iter().enumerate() {
+            let turn = t as u32 + 1;
+            for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {
+                let reward = d
+                    .rewards
+                    .iter()
+                    .find(|r| r.turn == turn && r.agent == u.agent)
+                    .map(|r| format!("{:.3}", r.total))
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "  turn {turn} agent {}: answer {:<8} {} reward {reward}",
+                    u.agent,
+                    u.answer.as_deref().unwrap_or("invalid"),
+                    if u.correct { "right" } else { "wrong" },
+                );
+            }
+            let credit = if decision.contains(&d.task.reference) {
+                1.0 / decision.len() as f64
+            } else {
+                0.0
+            };
+            accuracy[t] += credit / debates.len() as f64;
+            println!("  turn {turn} team answer: {decision:?}");
+        }
+    }
+    println!("\nmajority accuracy per turn (ties credited 1/n):");
+    for (t, acc) in accuracy.iter().enumerate() {
+        println!("  turn {}: {acc:.3}", t + 1);
+    }
+    Ok(())
+}

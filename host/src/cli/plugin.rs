@@ -1,0 +1,237 @@
+//! `maporl plugin ...`: inspect, check, scaffold and call plugin components.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::{Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::plugin::{
+    self, Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier, World,
+};
+use crate::transcript::{Task, Transcript};
+
+#[derive(Subcommand)]
+pub enum PluginCommand {
+    /// Print a component's world, WIT version, imports, exports, size and sha256.
+    Inspect {
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that a component implements a world at a compatible WIT version and links
+    /// against this host.
+    Check {
+        file: PathBuf,
+        /// protocol, verifier or reward-shaper.
+        #[arg(long)]
+        world: String,
+    },
+    /// Create a plugin crate that builds with one command and passes its own test.
+    New {
+        kind: Kind,
+        /// The crate name, e.g. `my-protocol`.
+        name: String,
+        /// The directory to create it in (default: ./NAME).
+        #[arg(long)]
+        path: Option<PathBuf>,
+    },
+    /// Run one call of a plugin, for plugin authors who are debugging.
+    Call {
+        file: PathBuf,
+        /// The WIT function: plan-turn, decide, extract, score or shape.
+        func: String,
+        /// The call's arguments as JSON (or @FILE): {"settings": {...}, "task": {...},
+        /// "turn": 1, "transcript": {...}, "text": "...", "responses": [...]}, as the
+        /// function needs.
+        #[arg(long)]
+        input: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Kind {
+    Protocol,
+    Verifier,
+    RewardShaper,
+}
+
+pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
+    match cmd {
+        PluginCommand::Inspect { file, json } => {
+            let runtime = Runtime::new(RuntimeOptions::default())?;
+            let ins = plugin::inspect(&runtime, &file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&ins)?);
+            } else {
+                println!("file:        {}", ins.file);
+                println!("size:        {} bytes", ins.size);
+                println!("sha256:      {}", ins.sha256);
+                println!("world:       {}", ins.world.as_deref().unwrap_or("(none: not a maporl plugin)"));
+                println!("wit version: {}", ins.wit_version.as_deref().unwrap_or("(unknown)"));
+                println!("imports:");
+                for i in &ins.imports {
+                    println!("  {i}");
+                }
+                println!("exports:");
+                for e in &ins.exports {
+                    println!("  {}", e.name);
+                    for f in &e.functions {
+                        println!("    {f}");
+                    }
+                }
+            }
+            Ok(())
+        }
+        PluginCommand::Check { file, world } => {
+            let world = World::parse(&world).map_err(anyhow::Error::msg)?;
+            let runtime = Runtime::new(RuntimeOptions::default())?;
+            let ins = runtime.check(&file, world)?;
+            println!(
+                "ok: {} implements world {world} (WIT {}), sha256 {}",
+                file.display(),
+                ins.wit_version.as_deref().unwrap_or("?"),
+                ins.sha256
+            );
+            Ok(())
+        }
+        PluginCommand::New { kind, name, path } => {
+            let dir = path.unwrap_or_else(|| PathBuf::from(&name));
+            scaffold(kind, &name, &dir)?;
+            println!(
+                "created {}: build with `cargo build --release --target wasm32-wasip2`, test with `cargo test`",
+                dir.display()
+            );
+            Ok(())
+        }
+        PluginCommand::Call { file, func, input } => call(&file, &func, &input),
+    }
+}
+
+/// The files of a new plugin crate, per kind: (path in the crate, template text).
+fn templates(kind: Kind) -> [(&'static str, &'static str); 4] {
+    macro_rules! kind_templates {
+        ($dir:literal) => {
+            [
+                ("Cargo.toml", include_str!(concat!("../../../plugins/templates/", $dir, "/Cargo.toml.tmpl"))),
+                ("src/lib.rs", include_str!(concat!("../../../plugins/templates/", $dir, "/src/lib.rs.tmpl"))),
+                ("README.md", include_str!(concat!("../../../plugins/templates/", $dir, "/README.md.tmpl"))),
+                (".gitignore", include_str!(concat!("../../../plugins/templates/", $dir, "/.gitignore"))),
+            ]
+        };
+    }
+    match kind {
+        Kind::Protocol => kind_templates!("protocol"),
+        Kind::Verifier => kind_templates!("verifier"),
+        Kind::RewardShaper => kind_templates!("reward-shaper"),
+    }
+}
+
+/// Writes a new plugin crate for `kind` named `name` into `dir`, with the host's WIT.
+pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
+    let valid = !name.is_empty()
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid {
+        bail!("plugin name `{name}` must start with a lower-case letter and use only a-z, 0-9, - and _");
+    }
+    if dir.exists() && dir.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("{} already exists and is not empty; choose another --path", dir.display());
+    }
+    let lib_name = name.replace('-', "_");
+    for (file, text) in templates(kind) {
+        let target = dir.join(file);
+        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let text = text.replace("{{name}}", name).replace("{{lib_name}}", &lib_name);
+        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    }
+    let wit = dir.join("wit/maporl.wit");
+    std::fs::create_dir_all(wit.parent().expect("wit/ is a directory"))?;
+    std::fs::write(&wit, plugin::WIT).with_context(|| format!("writing {}", wit.display()))?;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallInput {
+    #[serde(default = "empty_object")]
+    settings: serde_json::Value,
+    task: Option<Task>,
+    turn: Option<u32>,
+    transcript: Option<Transcript>,
+    text: Option<String>,
+    responses: Option<Vec<String>>,
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+fn call(file: &Path, func: &str, input: &str) -> anyhow::Result<()> {
+    let text = match input.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading --input file {path}"))?,
+        None => input.to_string(),
+    };
+    let input: CallInput = serde_json::from_str(&text).context("parsing --input")?;
+    let runtime = Runtime::new(RuntimeOptions::default())?;
+    let ins = plugin::inspect(&runtime, file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let world = ins
+        .world
+        .as_deref()
+        .map(World::parse)
+        .transpose()
+        .map_err(anyhow::Error::msg)?
+        .with_context(|| format!("{} is not a maporl plugin (it exports no maporl world)", file.display()))?;
+    let need = |what: &str| format!("`{func}` needs \"{what}\" in --input");
+    let task = || input.task.clone().with_context(|| need("task"));
+    let (output, fuel) = match (world, func) {
+        (World::Protocol, "plan-turn" | "decide") => {
+            let mut p = Protocol::load(&runtime, file, &input.settings, &input.limits)?;
+            let (task, turn) = (task()?, input.turn.with_context(|| need("turn"))?);
+            let transcript = input.transcript.clone().with_context(|| need("transcript"))?;
+            let out = if func == "plan-turn" {
+                serde_json::to_value(p.plan_turn(&task, turn, &transcript)?)?
+            } else {
+                serde_json::to_value(p.decide(&task, turn, &transcript)?)?
+            };
+            (out, p.fuel_used())
+        }
+        (World::Verifier, "extract" | "score") => {
+            let mut v = Verifier::load(&runtime, file, &input.settings, &input.limits)?;
+            let task = task()?;
+            let out = if func == "extract" {
+                let text = input.text.clone().with_context(|| need("text"))?;
+                serde_json::to_value(v.extract(&task, &text)?)?
+            } else {
+                let responses = input.responses.clone().with_context(|| need("responses"))?;
+                serde_json::to_value(v.score(&task, &responses)?)?
+            };
+            (out, v.fuel_used())
+        }
+        (World::RewardShaper, "shape") => {
+            let mut s = RewardShaper::load(&runtime, file, &input.settings, &input.limits)?;
+            let transcript = input.transcript.clone().with_context(|| need("transcript"))?;
+            (serde_json::to_value(s.shape(&task()?, &transcript)?)?, s.fuel_used())
+        }
+        (world, "configure") => {
+            match world {
+                World::Protocol => Protocol::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
+                World::Verifier => Verifier::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
+                World::RewardShaper => RewardShaper::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
+            }
+            (serde_json::json!("configured"), 0)
+        }
+        (world, _) => bail!(
+            "{} implements world {world}, whose functions are {}; `{func}` is not one of them",
+            file.display(),
+            world.functions().join(", ")
+        ),
+    };
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    eprintln!("fuel used: {fuel}");
+    Ok(())
+}

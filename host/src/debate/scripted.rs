@@ -1,0 +1,153 @@
+//! A scripted stand-in for LLM agents, for demos and tests of the debate machinery: it
+//! answers arithmetic questions right with a fixed probability per agent, and at later turns
+//! may adopt the answer most of its peers gave. It is not a model and learns nothing.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::Team;
+use crate::transcript::{ChatMessage, Role, Task};
+
+/// Scripted agents that know each task's reference answer and get it right with a
+/// per-agent probability.
+pub struct ScriptedTeam {
+    /// Question text -> reference answer (an integer).
+    answers: HashMap<String, i64>,
+    /// Per agent: probability of a right answer at turn 1.
+    skill: Vec<f64>,
+    /// Probability of adopting the peers' majority answer when it differs from one's own.
+    persuadability: f64,
+    rng: ChaCha8Rng,
+}
+
+impl ScriptedTeam {
+    /// `skill[a]` is agent a's chance of a right first answer.
+    pub fn new(tasks: &[Task], skill: Vec<f64>, persuadability: f64, seed: u64) -> Self {
+        let answers = tasks
+            .iter()
+            .filter_map(|t| Some((t.question.clone(), t.reference.trim().parse().ok()?)))
+            .collect();
+        ScriptedTeam {
+            answers,
+            skill,
+            persuadability,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    fn respond_one(&mut self, agent: u32, messages: &[ChatMessage]) -> String {
+        let Some((question, reference)) = self
+            .answers
+            .iter()
+            .find(|(q, _)| messages.iter().any(|m| m.content.contains(q.as_str())))
+            .map(|(q, r)| (q.clone(), *r))
+        else {
+            return "I do not know this question.".to_string();
+        };
+        let own_history: Vec<i64> = messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .filter_map(|m| last_boxed_integer(&m.content))
+            .collect();
+        let skill = self.skill.get(agent as usize).copied().unwrap_or(0.5);
+        let answer = match own_history.last() {
+            None => {
+                if self.rng.random_bool(skill.clamp(0.0, 1.0)) {
+                    reference
+                } else {
+                    reference + self.rng.random_range(1..=9) * if self.rng.random_bool(0.5) { 1 } else { -1 }
+                }
+            }
+            Some(&previous) => {
+                // Peers' answers are in the last user message.
+                let peers = messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.role == Role::User)
+                    .map(|m| all_boxed_integers(&m.content))
+                    .unwrap_or_default();
+                let majority = majority(&peers);
+                match majority {
+                    Some(m) if m != previous && self.rng.random_bool(self.persuadability) => m,
+                    _ => previous,
+                }
+            }
+        };
+        format!(
+            "Working through \"{}\" step by step, I get {answer}.\nAnswer: \\boxed{{{answer}}}",
+            question.lines().next().unwrap_or_default()
+        )
+    }
+}
+
+impl Team for ScriptedTeam {
+    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<String>> {
+        Ok(requests
+            .iter()
+            .map(|(agent, messages)| self.respond_one(*agent, messages))
+            .collect())
+    }
+}
+
+fn all_boxed_integers(text: &str) -> Vec<i64> {
+    text.match_indices("\\boxed{")
+        .filter_map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            rest[..rest.find('}')?].trim().parse().ok()
+        })
+        .collect()
+}
+
+fn last_boxed_integer(text: &str) -> Option<i64> {
+    all_boxed_integers(text).last().copied()
+}
+
+fn majority(values: &[i64]) -> Option<i64> {
+    let mut counts: Vec<(i64, usize)> = Vec::new();
+    for &v in values {
+        match counts.iter_mut().find(|(x, _)| *x == v) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((v, 1)),
+        }
+    }
+    let best = counts.iter().map(|(_, n)| *n).max()?;
+    let top: Vec<i64> = counts.iter().filter(|(_, n)| *n == best).map(|(v, _)| *v).collect();
+    (top.len() == 1).then(|| top[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_boxed_answers_and_majorities() {
+        assert_eq!(all_boxed_integers("a \\boxed{3} b \\boxed{ -4 } \\boxed{x}"), vec![3, -4]);
+        assert_eq!(last_boxed_integer("none"), None);
+        assert_eq!(majority(&[1, 2, 2]), Some(2));
+        assert_eq!(majority(&[1, 2]), None);
+        assert_eq!(majority(&[]), None);
+    }
+
+    #[test]
+    fn a_perfect_agent_answers_right_and_is_deterministic() {
+        let task = Task {
+            id: "t".into(),
+            kind: "arith".into(),
+            question: "What is 2 + 3?".into(),
+            reference: "5".into(),
+            fields: vec![],
+        };
+        let msgs = [ChatMessage {
+            role: Role::User,
+            content: "Question: What is 2 + 3?".into(),
+        }];
+        let mut team = ScriptedTeam::new(std::slice::from_ref(&task), vec![1.0, 0.0], 0.5, 7);
+        let out = team.respond(&[(0, &msgs), (1, &msgs)]).unwrap();
+        assert_eq!(last_boxed_integer(&out[0]), Some(5));
+        assert_ne!(last_boxed_integer(&out[1]), Some(5));
+        let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
+        assert_eq!(again.respond(&[(0, &msgs), (1, &msgs)]).unwrap(), out);
+    }
+}

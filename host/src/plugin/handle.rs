@@ -1,0 +1,234 @@
+//! One loaded plugin with its sandboxed instance: how a call is made, limited, and how a
+//! failure is told and recovered from.
+
+use std::path::Path;
+
+use wasmtime::component::InstancePre;
+use wasmtime::{Store, Trap};
+
+use super::runtime::{load_error, Runtime, EPOCH_TICK};
+use super::sandbox::{Limits, LogLevel, Sandbox, STDERR_CAPACITY};
+use super::{Failure, PluginError, World};
+
+/// The generated bindings of one world, as the generic handle needs them.
+pub(crate) trait WorldBindings: Sized {
+    type Pre: Clone;
+    const WORLD: World;
+    fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre>;
+    fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self>;
+    fn configure(&self, store: &mut Store<Sandbox>, settings: &str)
+        -> wasmtime::Result<Result<(), String>>;
+}
+
+/// Who a plugin is: the file the user named and its content hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The component file as given.
+    pub name: String,
+    /// sha256 of the component file, hex.
+    pub sha256: String,
+    pub world: World,
+}
+
+pub(crate) struct Handle<B: WorldBindings> {
+    pub identity: Identity,
+    engine: wasmtime::Engine,
+    pre: B::Pre,
+    settings: String,
+    limits: Limits,
+    seed: u64,
+    log: super::LogSink,
+    judge: Option<std::sync::Arc<dyn super::Judge>>,
+    live: Option<(Store<Sandbox>, B)>,
+    stderr_seen: usize,
+    fuel_used: u64,
+}
+
+impl<B: WorldBindings> Handle<B> {
+    /// Loads, checks and links the component, then instantiates and configures it, so that
+    /// bad settings are reported now rather than at the first task.
+    pub fn new(
+        runtime: &Runtime,
+        path: &Path,
+        settings: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<Self, PluginError> {
+        let loaded = runtime.load(path, B::WORLD)?;
+        let fail = |msg: String| load_error(&loaded.name, B::WORLD, msg);
+        let pre = runtime
+            .linker
+            .instantiate_pre(&loaded.component)
+            .map_err(|e| fail(format!("{e:#}")))?;
+        let pre = B::pre(pre).map_err(|e| fail(format!("{e:#}")))?;
+        // Each plugin gets its own stream of randomness, the same on every run.
+        let seed = runtime.options.seed
+            ^ u64::from_str_radix(&loaded.sha256[..16], 16).expect("sha256 is hex");
+        let mut handle = Handle {
+            identity: Identity {
+                name: loaded.name,
+                sha256: loaded.sha256,
+                world: B::WORLD,
+            },
+            engine: runtime.engine.clone(),
+            pre,
+            settings: settings.to_string(),
+            limits: limits.clone(),
+            seed,
+            log: runtime.options.log.clone(),
+            judge: runtime.options.judge.clone(),
+            live: None,
+            stderr_seen: 0,
+            fuel_used: 0,
+        };
+        handle.start(None)?;
+        Ok(handle)
+    }
+
+    /// Fuel used by the last call.
+    pub fn fuel_used(&self) -> u64 {
+        self.fuel_used
+    }
+
+    /// Makes a fresh instance and configures it.
+    fn start(&mut self, task: Option<&str>) -> Result<(), PluginError> {
+        let sandbox = Sandbox::new(
+            &self.identity.name,
+            &self.limits,
+            self.seed,
+            self.log.clone(),
+            self.judge.clone(),
+        );
+        let mut store = Store::new(&self.engine, sandbox);
+        store.limiter(|s| s as &mut dyn wasmtime::ResourceLimiter);
+        store.epoch_deadline_trap();
+        self.stderr_seen = 0;
+        self.arm(&mut store);
+        let bindings = match B::instantiate(&self.pre, &mut store) {
+            Ok(b) => b,
+            Err(e) => {
+                let failure = self.classify(&store, e);
+                return Err(self.error("instantiate", task, failure));
+            }
+        };
+        self.live = Some((store, bindings));
+        let settings = self.settings.clone();
+        let configured = self.call("configure", task, |b, store| b.configure(store, &settings));
+        if configured.is_err() {
+            self.live = None;
+        }
+        configured
+    }
+
+    fn arm(&self, store: &mut Store<Sandbox>) {
+        store.data_mut().begin_call();
+        store
+            .set_fuel(self.limits.fuel)
+            .expect("fuel is enabled on the engine");
+        let ticks = self.limits.deadline_ms.div_ceil(EPOCH_TICK.as_millis() as u64);
+        store.set_epoch_deadline(ticks.max(1));
+    }
+
+    /// Runs one call of the plugin under its limits. A trap discards the instance; the next
+    /// call gets a fresh one.
+    pub fn call<R>(
+        &mut self,
+        function: &'static str,
+        task: Option<&str>,
+        f: impl FnOnce(&B, &mut Store<Sandbox>) -> wasmtime::Result<Result<R, String>>,
+    ) -> Result<R, PluginError> {
+        if self.live.is_none() {
+            self.start(task)?;
+        }
+        let (mut store, bindings) = self.live.take().expect("started above");
+        self.arm(&mut store);
+        let outcome = f(&bindings, &mut store);
+        self.fuel_used = self.limits.fuel - store.get_fuel().unwrap_or(0);
+        self.forward_stderr(&store);
+        match outcome {
+            Ok(result) => {
+                // Keep the captured stderr from ever filling up: recycle the instance.
+                if store.data().stderr.contents().len() < STDERR_CAPACITY / 2 {
+                    self.live = Some((store, bindings));
+                }
+                result.map_err(|msg| self.error(function, task, Failure::Returned(msg)))
+            }
+            Err(trap) => {
+                let failure = self.classify(&store, trap);
+                Err(self.error(function, task, failure))
+            }
+        }
+    }
+
+    pub fn error(&self, function: &'static str, task: Option<&str>, failure: Failure) -> PluginError {
+        PluginError {
+            plugin: self.identity.name.clone(),
+            world: self.identity.world,
+            function,
+            task: task.map(str::to_string),
+            failure,
+        }
+    }
+
+    fn classify(&self, store: &Store<Sandbox>, err: wasmtime::Error) -> Failure {
+        if let Some((desired, limit)) = store.data().memory_refused {
+            return Failure::MemoryCap { desired, limit };
+        }
+        match err.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => Failure::OutOfFuel {
+                budget: self.limits.fuel,
+            },
+            Some(Trap::Interrupt) => Failure::Deadline {
+                millis: self.limits.deadline_ms,
+            },
+            Some(Trap::StackOverflow) => Failure::StackOverflow,
+            Some(Trap::UnreachableCodeReached) => {
+                let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).to_string();
+                match panic_message(&stderr) {
+                    Some(msg) => Failure::Panic(msg),
+                    None => Failure::Trap(format!("{err:?}")),
+                }
+            }
+            _ => Failure::Trap(format!("{err:?}")),
+        }
+    }
+
+    /// Passes what the plugin wrote to stderr since the last call on to the log.
+    fn forward_stderr(&mut self, store: &Store<Sandbox>) {
+        let contents = store.data().stderr.contents();
+        if contents.len() > self.stderr_seen {
+            let new = String::from_utf8_lossy(&contents[self.stderr_seen..]).to_string();
+            for line in new.lines().filter(|l| !l.trim().is_empty()) {
+                (self.log)(&self.identity.name, LogLevel::Info, &format!("stderr: {line}"));
+            }
+            self.stderr_seen = contents.len();
+        }
+    }
+}
+
+/// The message of the last Rust panic in a guest's stderr: the lines after
+/// "panicked at FILE:LINE:COL:", up to the "note:" hint.
+fn panic_message(stderr: &str) -> Option<String> {
+    let start = stderr.rfind("panicked at ")?;
+    let after = &stderr[start..];
+    let (location, rest) = after.split_once('\n').unwrap_or((after, ""));
+    let location = location.trim_start_matches("panicked at ").trim_end_matches(':');
+    let message: Vec<&str> = rest
+        .lines()
+        .take_while(|l| !l.starts_with("note:"))
+        .collect();
+    Some(format!("{} (at {location})", message.join("\n").trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn panic_message_is_read_from_rust_guest_stderr() {
+        let stderr = "thread '<unnamed>' panicked at src/lib.rs:12:9:\nboom went the plugin\n\
+                      note: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            super::panic_message(stderr).as_deref(),
+            Some("boom went the plugin (at src/lib.rs:12:9)")
+        );
+        assert_eq!(super::panic_message("just some output"), None);
+    }
+}

@@ -1,0 +1,103 @@
+//! Plugins: WebAssembly components that implement one of the worlds of `wit/maporl.wit`,
+//! loaded at run time and run in a sandbox.
+//!
+//! A [`Runtime`] owns the wasmtime engine, the on-disk cache of compiled components and the
+//! clock that enforces wall-clock deadlines. It loads a component file as one of three typed
+//! handles: [`Protocol`], [`Verifier`] or [`RewardShaper`]. Each handle owns its own sandbox
+//! (a wasmtime `Store`): a fuel budget and a deadline per call, a memory cap, WASI with
+//! nothing granted, and clocks and randomness derived from the run seed. Every result a
+//! plugin returns is validated before the host uses it; every failure is a [`PluginError`]
+//! that names the plugin file, the world, the function and the task. After a failure the
+//! handle replaces its instance with a fresh one, so the next call starts clean.
+//!
+//! This module knows nothing of models: it speaks only in the records of
+//! [`crate::transcript`].
+
+mod bindings;
+mod error;
+mod handle;
+mod inspect;
+mod protocol;
+mod runtime;
+mod sandbox;
+mod shaper;
+mod verifier;
+
+pub use error::{Failure, PluginError};
+pub use inspect::{inspect, Inspection};
+pub use protocol::Protocol;
+pub use runtime::{Runtime, RuntimeOptions};
+pub use handle::Identity;
+pub use sandbox::{stderr_sink, Judge, Limits, LogLevel, LogSink};
+pub use shaper::RewardShaper;
+pub use verifier::Verifier;
+
+/// The WIT package every plugin is built against, as shipped with this host.
+pub const WIT: &str = include_str!("../../../wit/maporl.wit");
+
+/// The version of the WIT package this host implements.
+pub const WIT_VERSION: (u64, u64, u64) = (0, 1, 0);
+
+/// The package name of the WIT contract.
+pub const WIT_PACKAGE: &str = "maporl:plugin";
+
+/// The three kinds of plugin, one WIT world each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum World {
+    Protocol,
+    Verifier,
+    RewardShaper,
+}
+
+impl World {
+    pub const ALL: [World; 3] = [World::Protocol, World::Verifier, World::RewardShaper];
+
+    /// The world's name in the WIT package.
+    pub fn name(self) -> &'static str {
+        match self {
+            World::Protocol => "protocol",
+            World::Verifier => "verifier",
+            World::RewardShaper => "reward-shaper",
+        }
+    }
+
+    /// The interface the world exports.
+    pub fn export_interface(self) -> &'static str {
+        match self {
+            World::Protocol => "collaboration",
+            World::Verifier => "verification",
+            World::RewardShaper => "reward-shaping",
+        }
+    }
+
+    /// The functions the world's export interface must provide.
+    pub fn functions(self) -> &'static [&'static str] {
+        match self {
+            World::Protocol => &["configure", "plan-turn", "decide"],
+            World::Verifier => &["configure", "extract", "score"],
+            World::RewardShaper => &["configure", "shape"],
+        }
+    }
+
+    /// Parses a world name as written in configs and on the command line.
+    pub fn parse(name: &str) -> Result<World, String> {
+        World::ALL
+            .into_iter()
+            .find(|w| w.name() == name)
+            .ok_or_else(|| {
+                format!("unknown world `{name}`; the worlds are protocol, verifier and reward-shaper")
+            })
+    }
+}
+
+impl std::fmt::Display for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The host's WIT version as text, e.g. "0.1.0".
+pub fn wit_version() -> String {
+    let (major, minor, patch) = WIT_VERSION;
+    format!("{major}.{minor}.{patch}")
+}

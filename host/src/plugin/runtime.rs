@@ -1,0 +1,237 @@
+//! The engine every plugin runs on: configuration, the epoch clock behind deadlines, the
+//! on-disk cache of compiled components, loading and checking a component against a world.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings::host;
+use super::inspect::{self, Inspection};
+use super::sandbox::{stderr_sink, Judge, LogSink, Sandbox};
+use super::{Failure, PluginError, World};
+
+/// How often the epoch clock ticks; deadlines are whole ticks.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// The most wasm stack a plugin may use.
+const MAX_WASM_STACK: usize = 512 * 1024;
+
+/// Options of a plugin [`Runtime`].
+#[derive(Clone)]
+pub struct RuntimeOptions {
+    /// Where compiled components are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+    /// The run seed: plugins' clocks and randomness derive from it.
+    pub seed: u64,
+    /// Where plugins' log lines go.
+    pub log: LogSink,
+    /// The learned verifier offered to plugins through `judge`, if the run has one.
+    pub judge: Option<Arc<dyn Judge>>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            cache_dir: default_cache_dir(),
+            seed: 0,
+            log: stderr_sink(),
+            judge: None,
+        }
+    }
+}
+
+/// `$MAPORL_CACHE_DIR/components`, else the user's cache dir (`~/.cache/maporl/components`).
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("MAPORL_CACHE_DIR") {
+        return Some(PathBuf::from(dir).join("components"));
+    }
+    dirs::cache_dir().map(|d| d.join("maporl").join("components"))
+}
+
+/// The wasmtime engine and everything shared by the plugins of one run.
+pub struct Runtime {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<Sandbox>,
+    pub(crate) options: RuntimeOptions,
+    engine_key: String,
+    compiled: AtomicU64,
+    cache_hits: AtomicU64,
+    _ticker: EpochTicker,
+}
+
+/// A component read from disk, compiled and checked against a world.
+pub(crate) struct Loaded {
+    pub name: String,
+    pub sha256: String,
+    pub component: Component,
+}
+
+impl Runtime {
+    pub fn new(options: RuntimeOptions) -> anyhow::Result<Runtime> {
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(MAX_WASM_STACK);
+        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| anyhow::anyhow!("linking WASI: {e:#}"))?;
+        host::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("linking the host interface: {e:#}"))?;
+        let engine_key = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut h);
+            env!("CARGO_PKG_VERSION").hash(&mut h);
+            format!("{:016x}", h.finish())
+        };
+        let ticker = EpochTicker::start(engine.clone());
+        Ok(Runtime {
+            engine,
+            linker,
+            options,
+            engine_key,
+            compiled: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            _ticker: ticker,
+        })
+    }
+
+    /// How many components this runtime compiled, and how many it took from the cache.
+    pub fn compile_counts(&self) -> (u64, u64) {
+        (
+            self.compiled.load(Ordering::Relaxed),
+            self.cache_hits.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Loads `path`, checks that it implements `world` at a compatible WIT version and that
+    /// its imports and exports type-check, without running it.
+    pub fn check(&self, path: &Path, world: World) -> Result<Inspection, PluginError> {
+        let loaded = self.load(path, world)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&loaded.component)
+            .map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
+        let typed = match world {
+            World::Protocol => super::bindings::protocol::ProtocolPre::new(pre).map(|_| ()),
+            World::Verifier => super::bindings::verifier::VerifierPre::new(pre).map(|_| ()),
+            World::RewardShaper => {
+                super::bindings::shaper::RewardShaperPre::new(pre).map(|_| ())
+            }
+        };
+        typed.map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
+        inspect::describe(&self.engine, path, &loaded.component)
+            .map_err(|e| load_error(&loaded.name, world, e))
+    }
+
+    /// Reads, compiles (or takes from the cache) and checks a component against `world`.
+    pub(crate) fn load(&self, path: &Path, world: World) -> Result<Loaded, PluginError> {
+        let name = path.display().to_string();
+        let bytes = std::fs::read(path)
+            .map_err(|e| load_error(&name, world, format!("cannot read {name}: {e}")))?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let component = self
+            .compile(&bytes, &sha256)
+            .map_err(|e| load_error(&name, world, e))?;
+        inspect::check_world(&self.engine, &component, world)
+            .map_err(|e| load_error(&name, world, e))?;
+        Ok(Loaded {
+            name,
+            sha256,
+            component,
+        })
+    }
+
+    /// Compiles a component, or deserializes it from the cache written by an earlier run.
+    pub(crate) fn compile(&self, bytes: &[u8], sha256: &str) -> Result<Component, String> {
+        inspect::check_header(bytes)?;
+        let cached = self
+            .options
+            .cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_key)));
+        if let Some(file) = cached.as_ref().filter(|f| f.is_file()) {
+            // SAFETY: the cache holds only files this host serialized (written atomically,
+            // named by the source's sha256 and the engine's compatibility hash); wasmtime
+            // still checks the header and engine compatibility, and a file that fails
+            // is recompiled below.
+            match unsafe { Component::deserialize_file(&self.engine, file) } {
+                Ok(component) => {
+                    self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(component);
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+        }
+        let component = Component::from_binary(&self.engine, bytes)
+            .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
+        self.compiled.fetch_add(1, Ordering::Relaxed);
+        if let Some(file) = cached {
+            if let Err(e) = write_cache(&component, &file) {
+                (self.options.log)(
+                    "host",
+                    super::LogLevel::Warn,
+                    &format!("cannot cache compiled component at {}: {e}", file.display()),
+                );
+            }
+        }
+        Ok(component)
+    }
+}
+
+fn write_cache(component: &Component, file: &Path) -> anyhow::Result<()> {
+    let dir = file.parent().expect("cache files live in a directory");
+    std::fs::create_dir_all(dir)?;
+    let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, &bytes)?;
+    tmp.persist(file)?;
+    Ok(())
+}
+
+pub(crate) fn load_error(name: &str, world: World, msg: String) -> PluginError {
+    PluginError {
+        plugin: name.to_string(),
+        world,
+        function: "load",
+        task: None,
+        failure: Failure::Load(msg),
+    }
+}
+
+/// Ticks the engine's epoch so that calls past their deadline trap.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("maporl-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch thread");
+        EpochTicker { stop }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,250 @@
+//! The sandbox one plugin instance runs in: limits, WASI with nothing granted, deterministic
+//! clocks and randomness, the host functions (`log`, `judge`) and the memory limiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand_wasi::SeedableRng;
+use serde::{Deserialize, Serialize};
+use wasmtime::component::ResourceTable;
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::host;
+
+/// Resource limits of one plugin, per call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Fuel (roughly, wasm instructions) one call may use. Deterministic: the same call
+    /// always uses the same fuel.
+    pub fuel: u64,
+    /// Wall-clock deadline of one call, in milliseconds.
+    pub deadline_ms: u64,
+    /// Cap on the plugin's linear memory, in MiB.
+    pub memory_mib: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            // The reference plugins use under 1% of this on GSM8K-sized debates (tested).
+            fuel: 2_000_000_000,
+            deadline_ms: 5_000,
+            memory_mib: 64,
+        }
+    }
+}
+
+impl Limits {
+    pub(crate) fn memory_bytes(&self) -> usize {
+        usize::try_from(self.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+}
+
+/// The run's learned verifier, as offered to plugins through the host `judge` function.
+pub trait Judge: Send + Sync {
+    /// One probability in [0, 1] per response, in order.
+    fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String>;
+}
+
+/// Severity of a plugin's log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Where plugins' log lines go: called with the plugin's name, the level and the line.
+pub type LogSink = Arc<dyn Fn(&str, LogLevel, &str) + Send + Sync>;
+
+/// The default sink: warnings and errors on stderr, everything with MAPORL_PLUGIN_LOG=debug.
+pub fn stderr_sink() -> LogSink {
+    let threshold = match std::env::var("MAPORL_PLUGIN_LOG").as_deref() {
+        Ok("debug") => LogLevel::Debug,
+        Ok("info") => LogLevel::Info,
+        Ok("error") => LogLevel::Error,
+        _ => LogLevel::Warn,
+    };
+    Arc::new(move |plugin, level, line| {
+        if level >= threshold {
+            eprintln!("[plugin {plugin}] {level:?}: {line}");
+        }
+    })
+}
+
+/// Most log text one call may write; the rest is dropped with a note.
+const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+/// Capacity of the captured stderr (panic messages land there).
+pub(crate) const STDERR_CAPACITY: usize = 256 * 1024;
+
+/// The data of one plugin Store.
+pub(crate) struct Sandbox {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) stderr: MemoryOutputPipe,
+    memory_limit: usize,
+    /// Set when the limiter refused a growth, so the trap can be told as a memory-cap error.
+    pub(crate) memory_refused: Option<(usize, usize)>,
+    plugin_name: String,
+    log: LogSink,
+    log_bytes: usize,
+    judge: Option<Arc<dyn Judge>>,
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        plugin_name: &str,
+        limits: &Limits,
+        seed: u64,
+        log: LogSink,
+        judge: Option<Arc<dyn Judge>>,
+    ) -> Sandbox {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut builder = WasiCtxBuilder::new();
+        // Nothing is inherited or preopened: no args, env, dirs, stdin or sockets.
+        builder
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .wall_clock(SteppingClock::new())
+            .monotonic_clock(SteppingClock::new())
+            .secure_random(rand_wasi::rngs::StdRng::seed_from_u64(seed))
+            .insecure_random(rand_wasi::rngs::StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15))
+            .insecure_random_seed(u128::from(seed) << 64 | u128::from(!seed));
+        Sandbox {
+            wasi: builder.build(),
+            table: ResourceTable::new(),
+            stderr,
+            memory_limit: limits.memory_bytes(),
+            memory_refused: None,
+            plugin_name: plugin_name.to_string(),
+            log,
+            log_bytes: 0,
+            judge,
+        }
+    }
+
+    /// Called before each call: resets the per-call log budget.
+    pub(crate) fn begin_call(&mut self) {
+        self.log_bytes = 0;
+        self.memory_refused = None;
+    }
+}
+
+impl WasiView for Sandbox {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ResourceLimiter for Sandbox {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.memory_refused = Some((desired, self.memory_limit));
+            // Trap rather than let `memory.grow` return -1: a Rust guest would otherwise
+            // abort with a message that hides the cause.
+            return Err(wasmtime::Error::msg(format!(
+                "memory cap exceeded: desired {desired} bytes, limit {} bytes",
+                self.memory_limit
+            )));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+impl host::Host for Sandbox {
+    fn log(&mut self, level: host::Level, message: String) {
+        if self.log_bytes >= LOG_BYTES_PER_CALL {
+            return;
+        }
+        let room = LOG_BYTES_PER_CALL - self.log_bytes;
+        self.log_bytes += message.len();
+        let level = match level {
+            host::Level::Debug => LogLevel::Debug,
+            host::Level::Info => LogLevel::Info,
+            host::Level::Warn => LogLevel::Warn,
+            host::Level::Error => LogLevel::Error,
+        };
+        if message.len() <= room {
+            (self.log)(&self.plugin_name, level, &message);
+        } else {
+            let mut cut = room;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let line = format!(
+                "{}... [log budget of {LOG_BYTES_PER_CALL} bytes per call spent; rest dropped]",
+                &message[..cut]
+            );
+            (self.log)(&self.plugin_name, level, &line);
+        }
+    }
+
+    fn judge(&mut self, question: String, responses: Vec<String>) -> Result<Vec<f32>, String> {
+        match &self.judge {
+            None => Err("no verifier model configured".to_string()),
+            Some(judge) => judge.judge(&question, &responses),
+        }
+    }
+}
+
+/// A clock that starts at a fixed instant and moves 1 µs forward each time it is read, so
+/// that a plugin that reads the time behaves the same on every run.
+struct SteppingClock {
+    ticks: std::sync::atomic::AtomicU64,
+}
+
+impl SteppingClock {
+    /// 2020-01-01T00:00:00Z, as seconds since the Unix epoch.
+    const START_SECS: u64 = 1_577_836_800;
+
+    fn new() -> Self {
+        SteppingClock {
+            ticks: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn tick(&self) -> u64 {
+        self.ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+}
+
+impl HostWallClock for SteppingClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_micros(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::from_secs(Self::START_SECS) + Duration::from_micros(self.tick())
+    }
+}
+
+impl HostMonotonicClock for SteppingClock {
+    fn resolution(&self) -> u64 {
+        1_000
+    }
+    fn now(&self) -> u64 {
+        self.tick() * 1_000
+    }
+}

@@ -1,0 +1,167 @@
+//! A reward-shaper plugin: turns a finished debate into one reward per utterance, each with
+//! named parts.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use wasmtime::component::InstancePre;
+use wasmtime::Store;
+
+use super::bindings::{shaper as b, wit};
+use super::handle::{Handle, Identity, WorldBindings};
+use super::sandbox::{Limits, Sandbox};
+use super::{Failure, PluginError, Runtime, World};
+use crate::transcript::{Reward, Task, Transcript};
+
+impl WorldBindings for b::RewardShaper {
+    type Pre = b::RewardShaperPre<Sandbox>;
+    const WORLD: World = World::RewardShaper;
+    fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
+        b::RewardShaperPre::new(pre)
+    }
+    fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
+        pre.instantiate(store)
+    }
+    fn configure(
+        &self,
+        store: &mut Store<Sandbox>,
+        settings: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.maporl_plugin_reward_shaping().call_configure(store, settings)
+    }
+}
+
+/// A loaded reward-shaper plugin.
+pub struct RewardShaper {
+    handle: Handle<b::RewardShaper>,
+}
+
+impl RewardShaper {
+    /// Loads the component at `path`, checks it implements world `reward-shaper`, and
+    /// configures it with `settings`.
+    pub fn load(
+        runtime: &Runtime,
+        path: &Path,
+        settings: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<RewardShaper, PluginError> {
+        Ok(RewardShaper {
+            handle: Handle::new(runtime, path, settings, limits)?,
+        })
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.handle.identity
+    }
+
+    /// Fuel used by the last call.
+    pub fn fuel_used(&self) -> u64 {
+        self.handle.fuel_used()
+    }
+
+    /// The rewards of a finished debate: at most one per utterance, each for an utterance
+    /// that exists, every value finite.
+    pub fn shape(&mut self, task: &Task, transcript: &Transcript) -> Result<Vec<Reward>, PluginError> {
+        let (wtask, wtranscript) = (wit::Task::from(task), wit::Transcript::from(transcript));
+        let rewards = self.handle.call("shape", Some(&task.id), |s, store| {
+            s.maporl_plugin_reward_shaping()
+                .call_shape(store, &wtask, &wtranscript)
+        })?;
+        let rewards: Vec<Reward> = rewards.into_iter().map(Reward::from).collect();
+        validate_rewards(&rewards, transcript)
+            .map_err(|msg| self.handle.error("shape", Some(&task.id), Failure::Invalid(msg)))?;
+        Ok(rewards)
+    }
+}
+
+fn validate_rewards(rewards: &[Reward], transcript: &Transcript) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    for (i, r) in rewards.iter().enumerate() {
+        if r.agent >= transcript.agents {
+            return Err(format!(
+                "reward {i} is for agent {}, but the team has {} agents",
+                r.agent, transcript.agents
+            ));
+        }
+        if r.turn == 0 || r.turn > transcript.turns {
+            return Err(format!(
+                "reward {i} is for turn {}, but turns run from 1 to {}",
+                r.turn, transcript.turns
+            ));
+        }
+        if transcript.utterance(r.turn, r.agent).is_none() {
+            return Err(format!(
+                "reward {i} is for agent {} at turn {}, who said nothing then",
+                r.agent, r.turn
+            ));
+        }
+        if !seen.insert((r.turn, r.agent)) {
+            return Err(format!(
+                "agent {} at turn {} is rewarded twice (reward {i})",
+                r.agent, r.turn
+            ));
+        }
+        if !r.total.is_finite() {
+            return Err(format!(
+                "reward {i} (agent {}, turn {}) has total {}",
+                r.agent, r.turn, r.total
+            ));
+        }
+        if let Some((name, value)) = r.parts.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(format!(
+                "reward {i} (agent {}, turn {}) has part `{name}` = {value}",
+                r.agent, r.turn
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::Utterance;
+
+    fn transcript() -> Transcript {
+        let mut t = Transcript::new(2, 3);
+        for turn in 1..=2 {
+            for agent in 0..2 {
+                t.utterances.push(Utterance {
+                    turn,
+                    agent,
+                    text: String::new(),
+                    answer: None,
+                    score: 0.0,
+                    correct: false,
+                });
+            }
+        }
+        t
+    }
+
+    fn reward(turn: u32, agent: u32, total: f32) -> Reward {
+        Reward {
+            turn,
+            agent,
+            total,
+            parts: vec![("influence".into(), total)],
+        }
+    }
+
+    #[test]
+    fn rewards_must_name_existing_utterances_once() {
+        let t = transcript();
+        assert!(validate_rewards(&[reward(1, 0, 0.5), reward(2, 1, 1.0)], &t).is_ok());
+        assert!(validate_rewards(&[reward(1, 2, 0.5)], &t).unwrap_err().contains("agent 2"));
+        assert!(validate_rewards(&[reward(4, 0, 0.5)], &t).unwrap_err().contains("turn 4"));
+        assert!(validate_rewards(&[reward(0, 0, 0.5)], &t).is_err());
+        // Turn 3 is allowed by the config but nobody spoke (the debate stopped early).
+        assert!(validate_rewards(&[reward(3, 0, 0.5)], &t).unwrap_err().contains("said nothing"));
+        let twice = [reward(1, 0, 0.5), reward(1, 0, 0.1)];
+        assert!(validate_rewards(&twice, &t).unwrap_err().contains("twice"));
+        assert!(validate_rewards(&[reward(1, 0, f32::NAN)], &t).unwrap_err().contains("NaN"));
+        let mut bad_part = reward(1, 0, 0.5);
+        bad_part.parts.push(("alpha-1".into(), f32::INFINITY));
+        assert!(validate_rewards(&[bad_part], &t).unwrap_err().contains("alpha-1"));
+    }
+}

@@ -1,0 +1,131 @@
+//! A verifier plugin: reads the answer out of a response and scores it in [0, 1].
+
+use std::path::Path;
+
+use wasmtime::component::InstancePre;
+use wasmtime::Store;
+
+use super::bindings::{verifier as b, wit};
+use super::handle::{Handle, Identity, WorldBindings};
+use super::sandbox::{Limits, Sandbox};
+use super::{Failure, PluginError, Runtime, World};
+use crate::transcript::{Task, Verdict};
+
+impl WorldBindings for b::Verifier {
+    type Pre = b::VerifierPre<Sandbox>;
+    const WORLD: World = World::Verifier;
+    fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
+        b::VerifierPre::new(pre)
+    }
+    fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
+        pre.instantiate(store)
+    }
+    fn configure(
+        &self,
+        store: &mut Store<Sandbox>,
+        settings: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.maporl_plugin_verification().call_configure(store, settings)
+    }
+}
+
+/// A loaded verifier plugin.
+pub struct Verifier {
+    handle: Handle<b::Verifier>,
+}
+
+impl Verifier {
+    /// Loads the component at `path`, checks it implements world `verifier`, and configures
+    /// it with `settings`.
+    pub fn load(
+        runtime: &Runtime,
+        path: &Path,
+        settings: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<Verifier, PluginError> {
+        Ok(Verifier {
+            handle: Handle::new(runtime, path, settings, limits)?,
+        })
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.handle.identity
+    }
+
+    /// Fuel used by the last call.
+    pub fn fuel_used(&self) -> u64 {
+        self.handle.fuel_used()
+    }
+
+    /// The answer in one response; `None` when it holds no valid answer.
+    pub fn extract(&mut self, task: &Task, text: &str) -> Result<Option<String>, PluginError> {
+        let wtask = wit::Task::from(task);
+        self.handle.call("extract", Some(&task.id), |v, store| {
+            v.maporl_plugin_verification().call_extract(store, &wtask, text)
+        })
+    }
+
+    /// One verdict per response, in order; every score is checked to be in [0, 1].
+    pub fn score(&mut self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, PluginError> {
+        let wtask = wit::Task::from(task);
+        let verdicts = self.handle.call("score", Some(&task.id), |v, store| {
+            v.maporl_plugin_verification()
+                .call_score(store, &wtask, responses)
+        })?;
+        let verdicts: Vec<Verdict> = verdicts.into_iter().map(Verdict::from).collect();
+        validate_verdicts(&verdicts, responses.len())
+            .map_err(|msg| self.handle.error("score", Some(&task.id), Failure::Invalid(msg)))?;
+        Ok(verdicts)
+    }
+}
+
+fn validate_verdicts(verdicts: &[Verdict], responses: usize) -> Result<(), String> {
+    if verdicts.len() != responses {
+        return Err(format!(
+            "{} verdicts for {responses} responses (one per response expected)",
+            verdicts.len()
+        ));
+    }
+    for (i, v) in verdicts.iter().enumerate() {
+        if v.score.is_nan() {
+            return Err(format!("score of response {i} is NaN"));
+        }
+        if !(0.0..=1.0).contains(&v.score) {
+            return Err(format!("score of response {i} is {}, outside [0, 1]", v.score));
+        }
+        if v.correct && v.answer.is_none() {
+            return Err(format!("response {i} is marked correct but has no answer"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(score: f32) -> Verdict {
+        Verdict {
+            answer: Some("1".into()),
+            score,
+            correct: false,
+        }
+    }
+
+    #[test]
+    fn verdicts_are_checked() {
+        assert!(validate_verdicts(&[verdict(0.0), verdict(1.0)], 2).is_ok());
+        assert!(validate_verdicts(&[verdict(0.5)], 2).unwrap_err().contains("1 verdicts for 2"));
+        assert!(validate_verdicts(&[verdict(f32::NAN)], 1).unwrap_err().contains("NaN"));
+        let err = validate_verdicts(&[verdict(0.2), verdict(1.5)], 2).unwrap_err();
+        assert!(err.contains("response 1") && err.contains("1.5"), "{err}");
+        assert!(validate_verdicts(&[verdict(-0.1)], 1).is_err());
+        assert!(validate_verdicts(&[verdict(f32::INFINITY)], 1).is_err());
+        let no_answer = Verdict {
+            answer: None,
+            score: 1.0,
+            correct: true,
+        };
+        assert!(validate_verdicts(&[no_answer], 1).unwrap_err().contains("no answer"));
+    }
+}

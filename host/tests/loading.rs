@@ -1,0 +1,144 @@
+//! Loading components: world and WIT-version checks, clear errors for bad files, and the
+//! on-disk cache of compiled components.
+
+mod support;
+
+use maporl::plugin::{Failure, Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier, World};
+use serde_json::json;
+use support::*;
+
+fn load_error(err: maporl::plugin::PluginError) -> String {
+    assert_eq!(err.function, "load", "{err}");
+    match &err.failure {
+        Failure::Load(msg) => msg.clone(),
+        other => panic!("expected a load failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_component_of_another_world_is_refused_naming_both_worlds() {
+    let (rt, _, _c) = runtime();
+    let err = Protocol::load(&rt, &plugin("gsm8k"), &json!({}), &Limits::default()).err().unwrap();
+    let text = err.to_string();
+    assert!(text.contains("gsm8k.wasm") && text.contains("world protocol"), "{text}");
+    let msg = load_error(err);
+    assert!(msg.contains("targets world `verifier`"), "{msg}");
+    let err = RewardShaper::load(&rt, &plugin("debate"), &json!({}), &Limits::default()).err().unwrap();
+    assert!(load_error(err).contains("targets world `protocol`"));
+}
+
+/// Rewrites the WIT version in a built component (same length, so the binary stays valid).
+fn with_version(name: &str, version: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    assert_eq!(version.len(), "0.1.0".len());
+    let mut bytes = std::fs::read(plugin(name)).unwrap();
+    let from = b"maporl:plugin/";
+    let mut i = 0;
+    let mut replaced = 0;
+    while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
+        let start = i + pos;
+        let at = bytes[start..].iter().position(|&b| b == b'@').map(|p| start + p + 1);
+        if let Some(at) = at.filter(|&at| bytes[at..].starts_with(b"0.1.0")) {
+            bytes[at..at + 5].copy_from_slice(version.as_bytes());
+            replaced += 1;
+        }
+        i = start + from.len();
+    }
+    assert!(replaced > 0, "no versioned maporl names in {name}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{name}-{version}.wasm"));
+    std::fs::write(&path, bytes).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn a_newer_minor_or_another_major_wit_version_is_refused() {
+    let (rt, _, _c) = runtime();
+    for version in ["0.2.0", "1.1.0"] {
+        let (_d, path) = with_version("exact_match", version);
+        let err = Verifier::load(&rt, &path, &json!({}), &Limits::default()).err().unwrap();
+        let msg = load_error(err);
+        assert!(msg.contains(&format!("maporl:plugin@{version}")), "{msg}");
+        assert!(msg.contains("this host implements maporl:plugin@0.1.0"), "{msg}");
+    }
+}
+
+#[test]
+fn a_patch_newer_plugin_is_accepted() {
+    let (rt, _, _c) = runtime();
+    let (_d, path) = with_version("exact_match", "0.1.7");
+    let mut v = Verifier::load(&rt, &path, &json!({}), &Limits::default()).expect("0.1.7 loads on a 0.1.0 host");
+    let verdicts = v.score(&task("t", "qa", "Capital of France?", "Paris"), &["\\boxed{paris}".into()]).unwrap();
+    assert!(verdicts[0].correct);
+}
+
+#[test]
+fn files_that_are_not_components_get_clear_errors() {
+    let (rt, _, _c) = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.wasm");
+    let err = Verifier::load(&rt, &missing, &json!({}), &Limits::default()).err().unwrap();
+    assert!(load_error(err).contains("nope.wasm"));
+
+    let module = dir.path().join("module.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
+    let err = Verifier::load(&rt, &module, &json!({}), &Limits::default()).err().unwrap();
+    assert!(load_error(err).contains("wasm32-wasip2"));
+
+    let text = dir.path().join("text.wasm");
+    std::fs::write(&text, "hello").unwrap();
+    let err = Verifier::load(&rt, &text, &json!({}), &Limits::default()).err().unwrap();
+    assert!(load_error(err).contains("not a WebAssembly file"));
+}
+
+#[test]
+fn bad_settings_are_refused_at_load_naming_the_key() {
+    let (rt, _, _c) = runtime();
+    let err = Protocol::load(&rt, &plugin("debate"), &json!({"peerz": 1}), &Limits::default()).err().unwrap();
+    assert_eq!(err.function, "configure");
+    assert!(err.to_string().contains("peerz"), "{err}");
+}
+
+#[test]
+fn a_second_load_comes_from_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let options = || RuntimeOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeOptions::default()
+    };
+    let first = Runtime::new(options()).unwrap();
+    Verifier::load(&first, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
+    assert_eq!(first.compile_counts(), (1, 0));
+    let cached: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+    assert_eq!(cached.len(), 1, "one .cwasm file");
+
+    let second = Runtime::new(options()).unwrap();
+    let mut v = Verifier::load(&second, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
+    assert_eq!(second.compile_counts(), (0, 1), "no recompilation");
+    let verdict = &v.score(&task("t", "gsm8k", "q", "12"), &["so \\boxed{12}".into()]).unwrap()[0];
+    assert!(verdict.correct);
+
+    // A corrupted cache entry is recompiled, not trusted.
+    let entry = std::fs::read_dir(cache.path()).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(&entry, b"garbage").unwrap();
+    let third = Runtime::new(options()).unwrap();
+    Verifier::load(&third, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
+    assert_eq!(third.compile_counts(), (1, 0));
+}
+
+#[test]
+fn check_reports_world_version_and_hash() {
+    let (rt, _, _c) = runtime();
+    let ins = rt.check(&plugin("influence"), World::RewardShaper).unwrap();
+    assert_eq!(ins.world.as_deref(), Some("reward-shaper"));
+    assert_eq!(ins.wit_version.as_deref(), Some("0.1.0"));
+    let bytes = std::fs::read(plugin("influence")).unwrap();
+    use sha2::Digest;
+    assert_eq!(ins.sha256, hex::encode(sha2::Sha256::digest(&bytes)));
+    let shape = ins
+        .exports
+        .iter()
+        .find(|e| e.name == "maporl:plugin/reward-shaping@0.1.0")
+        .expect("exports reward-shaping");
+    assert!(shape.functions.iter().any(|f| f.starts_with("shape(")), "{:?}", shape.functions);
+    assert!(rt.check(&plugin("influence"), World::Verifier).is_err());
+}

@@ -1,0 +1,96 @@
+//! Project tasks, each doing its own set-up on a fresh machine:
+//!
+//! - `cargo xtask demo`: the main job on the embedded default (builds everything first).
+//! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests).
+//! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
+//! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
+
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command};
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => usage(),
+    };
+    match task {
+        "plugins" => plugins(),
+        "demo" => {
+            plugins();
+            let mut cmd = cargo();
+            cmd.args(["run", "--release", "-p", "maporl", "--", "demo"]).args(rest);
+            run(&mut cmd);
+        }
+        "test" => {
+            plugins();
+            // The plugins' own logic, natively.
+            run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml"]));
+            // Host unit tests and end-to-end tests, in release (candle is slow in debug).
+            run(cargo().args(["test", "--release", "--workspace"]).args(rest));
+        }
+        "lint" => {
+            run(cargo().args(["fmt", "--all", "--check"]));
+            run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]));
+            run(cargo().args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]));
+            run(cargo().args([
+                "clippy", "--manifest-path", "plugins/Cargo.toml", "--all-targets", "--", "-D", "warnings",
+            ]));
+        }
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!("usage: cargo xtask <demo [ARGS] | test [ARGS] | lint | plugins>");
+    exit(2)
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the repository")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+fn run(cmd: &mut Command) {
+    eprintln!("xtask: running {cmd:?}");
+    match cmd.status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            eprintln!("xtask: failed ({status}): {cmd:?}");
+            exit(status.code().unwrap_or(1));
+        }
+        Err(e) => {
+            eprintln!("xtask: cannot run {cmd:?}: {e}");
+            exit(1);
+        }
+    }
+}
+
+/// Installs the wasm target when missing, then builds every plugin component.
+fn plugins() {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == WASM_TARGET));
+    match installed {
+        Ok(true) => {}
+        Ok(false) => run(Command::new("rustup").args(["target", "add", WASM_TARGET])),
+        Err(e) => {
+            eprintln!("xtask: rustup is needed to install the {WASM_TARGET} target: {e}");
+            exit(1);
+        }
+    }
+    run(cargo().args([
+        "build", "--release", "--target", WASM_TARGET, "--manifest-path", "plugins/Cargo.toml",
+    ]));
+}
