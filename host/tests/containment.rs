@@ -30,8 +30,16 @@ fn shaper(rt: &maporl::plugin::Runtime, limits: &Limits) -> RewardShaper {
 /// Asserts the error names the plugin, world, function and task, and returns its failure.
 fn failure(err: PluginError, file: &str, world: &str, function: &str, task: &str) -> Failure {
     let text = err.to_string();
-    for needle in [file, &format!("world {world}"), &format!("`{function}`"), &format!("`{task}`")] {
-        assert!(text.contains(needle), "error does not name {needle}: {text}");
+    for needle in [
+        file,
+        &format!("world {world}"),
+        &format!("`{function}`"),
+        &format!("`{task}`"),
+    ] {
+        assert!(
+            text.contains(needle),
+            "error does not name {needle}: {text}"
+        );
     }
     err.failure
 }
@@ -41,10 +49,20 @@ fn protocol_fails(question: &str, limits: Limits) -> Failure {
     let (rt, _, _cache) = runtime();
     let mut p = protocol(&rt, &limits);
     let t = transcript(2, 3, vec![]);
-    let err = p.plan_turn(&hostile(question), 1, &t).expect_err("must fail");
-    let f = failure(err, "hostile_protocol.wasm", "protocol", "plan-turn", &format!("task-{question}"));
+    let err = p
+        .plan_turn(&hostile(question), 1, &t)
+        .expect_err("must fail");
+    let f = failure(
+        err,
+        "hostile_protocol.wasm",
+        "protocol",
+        "plan-turn",
+        &format!("task-{question}"),
+    );
     // The host keeps working: the next call gets a fresh instance and succeeds.
-    let plan = p.plan_turn(&hostile("What is 2 + 3?"), 1, &t).expect("fresh instance works");
+    let plan = p
+        .plan_turn(&hostile("What is 2 + 3?"), 1, &t)
+        .expect("fresh instance works");
     assert_eq!(plan.iter().map(|p| p.agent).collect::<Vec<_>>(), vec![0, 1]);
     f
 }
@@ -52,7 +70,12 @@ fn protocol_fails(question: &str, limits: Limits) -> Failure {
 #[test]
 fn infinite_loop_runs_out_of_fuel() {
     let f = protocol_fails("loop", Limits::default());
-    assert_eq!(f, Failure::OutOfFuel { budget: Limits::default().fuel });
+    assert_eq!(
+        f,
+        Failure::OutOfFuel {
+            budget: Limits::default().fuel
+        }
+    );
 }
 
 #[test]
@@ -77,7 +100,10 @@ fn allocating_a_gibibyte_hits_the_memory_cap() {
     }
     // A lower cap is honoured too, and named in the message.
     let (rt, _, _c) = runtime();
-    let limits = Limits { memory_mib: 16, ..Limits::default() };
+    let limits = Limits {
+        memory_mib: 16,
+        ..Limits::default()
+    };
     let mut v = verifier(&rt, &limits);
     let err = v.score(&hostile("alloc"), &["x".into()]).unwrap_err();
     assert!(err.to_string().contains("the cap is 16 MiB"), "{err}");
@@ -101,7 +127,10 @@ fn trap_is_reported() {
 
 #[test]
 fn runaway_recursion_overflows_the_stack() {
-    assert_eq!(protocol_fails("stack", Limits::default()), Failure::StackOverflow);
+    assert_eq!(
+        protocol_fails("stack", Limits::default()),
+        Failure::StackOverflow
+    );
 }
 
 #[test]
@@ -112,7 +141,10 @@ fn host_files_environment_and_arguments_are_denied() {
     let err = p.plan_turn(&hostile("read-file"), 1, &t).unwrap_err();
     let text = err.to_string();
     assert!(matches!(err.failure, Failure::Returned(_)), "{text}");
-    assert!(!text.contains("root:"), "the plugin read /etc/passwd: {text}");
+    assert!(
+        !text.contains("root:"),
+        "the plugin read /etc/passwd: {text}"
+    );
     assert!(text.to_lowercase().contains("/etc/passwd"), "{text}");
     let err = p.plan_turn(&hostile("env"), 1, &t).unwrap_err();
     let text = err.to_string();
@@ -125,7 +157,9 @@ fn clocks_and_randomness_follow_the_run_seed() {
     let reading = |seed| {
         let (rt, _, _c) = runtime_with(seed, None);
         let mut p = protocol(&rt, &Limits::default());
-        let err = p.plan_turn(&hostile("clock"), 1, &transcript(2, 3, vec![])).unwrap_err();
+        let err = p
+            .plan_turn(&hostile("clock"), 1, &transcript(2, 3, vec![]))
+            .unwrap_err();
         match err.failure {
             Failure::Returned(msg) => msg,
             other => panic!("{other:?}"),
@@ -142,14 +176,27 @@ fn nan_and_out_of_range_scores_are_refused() {
     let (rt, _, _c) = runtime();
     let mut v = verifier(&rt, &Limits::default());
     for (question, needle) in [("nan", "NaN"), ("out-of-range", "outside [0, 1]")] {
-        let err = v.score(&hostile(question), &["5".into(), "6".into()]).unwrap_err();
-        let f = failure(err, "hostile_verifier.wasm", "verifier", "score", &format!("task-{question}"));
+        let err = v
+            .score(&hostile(question), &["5".into(), "6".into()])
+            .unwrap_err();
+        let f = failure(
+            err,
+            "hostile_verifier.wasm",
+            "verifier",
+            "score",
+            &format!("task-{question}"),
+        );
         match f {
             Failure::Invalid(msg) => assert!(msg.contains(needle), "{msg}"),
             other => panic!("{other:?}"),
         }
-        let ok = v.score(&hostile("fine"), &["5".into(), "6".into()]).expect("next call works");
-        assert_eq!(ok.iter().map(|v| v.score).collect::<Vec<_>>(), vec![1.0, 0.0]);
+        let ok = v
+            .score(&hostile("fine"), &["5".into(), "6".into()])
+            .expect("next call works");
+        assert_eq!(
+            ok.iter().map(|v| v.score).collect::<Vec<_>>(),
+            vec![1.0, 0.0]
+        );
     }
 }
 
@@ -165,9 +212,19 @@ fn rewards_for_missing_agents_or_turns_and_nan_rewards_are_refused() {
             utterance(1, 1, Some("4"), 0.0, false),
         ],
     );
-    for (question, needle) in [("bad-agent", "agent 99"), ("bad-turn", "turn 99"), ("nan", "NaN")] {
+    for (question, needle) in [
+        ("bad-agent", "agent 99"),
+        ("bad-turn", "turn 99"),
+        ("nan", "NaN"),
+    ] {
         let err = s.shape(&hostile(question), &t).unwrap_err();
-        match failure(err, "hostile_shaper.wasm", "reward-shaper", "shape", &format!("task-{question}")) {
+        match failure(
+            err,
+            "hostile_shaper.wasm",
+            "reward-shaper",
+            "shape",
+            &format!("task-{question}"),
+        ) {
             Failure::Invalid(msg) => assert!(msg.contains(needle), "{msg}"),
             other => panic!("{other:?}"),
         }
@@ -183,7 +240,13 @@ fn plans_for_missing_or_duplicate_agents_are_refused() {
     let t = transcript(2, 3, vec![]);
     for (question, needle) in [("bad-plan", "agent 99"), ("duplicate-agent", "twice")] {
         let err = p.plan_turn(&hostile(question), 1, &t).unwrap_err();
-        match failure(err, "hostile_protocol.wasm", "protocol", "plan-turn", &format!("task-{question}")) {
+        match failure(
+            err,
+            "hostile_protocol.wasm",
+            "protocol",
+            "plan-turn",
+            &format!("task-{question}"),
+        ) {
             Failure::Invalid(msg) => assert!(msg.contains(needle), "{msg}"),
             other => panic!("{other:?}"),
         }
@@ -198,7 +261,10 @@ fn every_world_contains_a_trap_and_recovers() {
     let mut v = verifier(&rt, &limits);
     let err = v.score(&hostile("panic"), &["1".into()]).unwrap_err();
     assert!(matches!(err.failure, Failure::Panic(_)), "{err}");
-    assert_eq!(v.score(&hostile("fine"), &["5".into()]).unwrap()[0].score, 1.0);
+    assert_eq!(
+        v.score(&hostile("fine"), &["5".into()]).unwrap()[0].score,
+        1.0
+    );
     let mut s = shaper(&rt, &limits);
     let t = transcript(1, 1, vec![utterance(1, 0, Some("5"), 1.0, true)]);
     let err = s.shape(&hostile("loop"), &t).unwrap_err();
@@ -210,10 +276,13 @@ fn every_world_contains_a_trap_and_recovers() {
 fn plugin_logs_reach_the_host_sink_tagged_with_the_plugin() {
     let (rt, captured, _c) = runtime();
     let mut p = protocol(&rt, &Limits::default());
-    p.plan_turn(&hostile("fine"), 1, &transcript(2, 3, vec![])).unwrap();
+    p.plan_turn(&hostile("fine"), 1, &transcript(2, 3, vec![]))
+        .unwrap();
     let lines = captured.lock().unwrap();
     assert!(
-        lines.iter().any(|(plugin, _, _)| plugin.ends_with("hostile_protocol.wasm")),
+        lines
+            .iter()
+            .any(|(plugin, _, _)| plugin.ends_with("hostile_protocol.wasm")),
         "{lines:?}"
     );
 }
@@ -230,10 +299,18 @@ fn judge_without_a_verifier_model_is_a_clear_error_and_with_one_returns_the_host
     let (rt, _, _c) = runtime();
     let mut v = verifier(&rt, &Limits::default());
     let err = v.score(&hostile("judge"), &["abc".into()]).unwrap_err();
-    assert!(err.to_string().contains("no verifier model configured"), "{err}");
+    assert!(
+        err.to_string().contains("no verifier model configured"),
+        "{err}"
+    );
 
     let (rt, _, _c) = runtime_with(0, Some(Arc::new(Fixed)));
     let mut v = verifier(&rt, &Limits::default());
-    let verdicts = v.score(&hostile("judge"), &["abc".into(), "abcdefghij".into()]).unwrap();
-    assert_eq!(verdicts.iter().map(|v| v.score).collect::<Vec<_>>(), vec![0.03, 0.10]);
+    let verdicts = v
+        .score(&hostile("judge"), &["abc".into(), "abcdefghij".into()])
+        .unwrap();
+    assert_eq!(
+        verdicts.iter().map(|v| v.score).collect::<Vec<_>>(),
+        vec![0.03, 0.10]
+    );
 }

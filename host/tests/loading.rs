@@ -3,7 +3,9 @@
 
 mod support;
 
-use maporl::plugin::{Failure, Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier, World};
+use maporl::plugin::{
+    Failure, Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier, World,
+};
 use serde_json::json;
 use support::*;
 
@@ -18,12 +20,19 @@ fn load_error(err: maporl::plugin::PluginError) -> String {
 #[test]
 fn a_component_of_another_world_is_refused_naming_both_worlds() {
     let (rt, _, _c) = runtime();
-    let err = Protocol::load(&rt, &plugin("gsm8k"), &json!({}), &Limits::default()).err().unwrap();
+    let err = Protocol::load(&rt, &plugin("gsm8k"), &json!({}), &Limits::default())
+        .err()
+        .unwrap();
     let text = err.to_string();
-    assert!(text.contains("gsm8k.wasm") && text.contains("world protocol"), "{text}");
+    assert!(
+        text.contains("gsm8k.wasm") && text.contains("world protocol"),
+        "{text}"
+    );
     let msg = load_error(err);
     assert!(msg.contains("targets world `verifier`"), "{msg}");
-    let err = RewardShaper::load(&rt, &plugin("debate"), &json!({}), &Limits::default()).err().unwrap();
+    let err = RewardShaper::load(&rt, &plugin("debate"), &json!({}), &Limits::default())
+        .err()
+        .unwrap();
     assert!(load_error(err).contains("targets world `protocol`"));
 }
 
@@ -36,7 +45,10 @@ fn with_version(name: &str, version: &str) -> (tempfile::TempDir, std::path::Pat
     let mut replaced = 0;
     while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
         let start = i + pos;
-        let at = bytes[start..].iter().position(|&b| b == b'@').map(|p| start + p + 1);
+        let at = bytes[start..]
+            .iter()
+            .position(|&b| b == b'@')
+            .map(|p| start + p + 1);
         if let Some(at) = at.filter(|&at| bytes[at..].starts_with(b"0.1.0")) {
             bytes[at..at + 5].copy_from_slice(version.as_bytes());
             replaced += 1;
@@ -55,10 +67,15 @@ fn a_newer_minor_or_another_major_wit_version_is_refused() {
     let (rt, _, _c) = runtime();
     for version in ["0.2.0", "1.1.0"] {
         let (_d, path) = with_version("exact_match", version);
-        let err = Verifier::load(&rt, &path, &json!({}), &Limits::default()).err().unwrap();
+        let err = Verifier::load(&rt, &path, &json!({}), &Limits::default())
+            .err()
+            .unwrap();
         let msg = load_error(err);
         assert!(msg.contains(&format!("maporl:plugin@{version}")), "{msg}");
-        assert!(msg.contains("this host implements maporl:plugin@0.1.0"), "{msg}");
+        assert!(
+            msg.contains("this host implements maporl:plugin@0.1.0"),
+            "{msg}"
+        );
     }
 }
 
@@ -66,8 +83,14 @@ fn a_newer_minor_or_another_major_wit_version_is_refused() {
 fn a_patch_newer_plugin_is_accepted() {
     let (rt, _, _c) = runtime();
     let (_d, path) = with_version("exact_match", "0.1.7");
-    let mut v = Verifier::load(&rt, &path, &json!({}), &Limits::default()).expect("0.1.7 loads on a 0.1.0 host");
-    let verdicts = v.score(&task("t", "qa", "Capital of France?", "Paris"), &["\\boxed{paris}".into()]).unwrap();
+    let mut v = Verifier::load(&rt, &path, &json!({}), &Limits::default())
+        .expect("0.1.7 loads on a 0.1.0 host");
+    let verdicts = v
+        .score(
+            &task("t", "qa", "Capital of France?", "Paris"),
+            &["\\boxed{paris}".into()],
+        )
+        .unwrap();
     assert!(verdicts[0].correct);
 }
 
@@ -76,24 +99,37 @@ fn files_that_are_not_components_get_clear_errors() {
     let (rt, _, _c) = runtime();
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.wasm");
-    let err = Verifier::load(&rt, &missing, &json!({}), &Limits::default()).err().unwrap();
+    let err = Verifier::load(&rt, &missing, &json!({}), &Limits::default())
+        .err()
+        .unwrap();
     assert!(load_error(err).contains("nope.wasm"));
 
     let module = dir.path().join("module.wasm");
     std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
-    let err = Verifier::load(&rt, &module, &json!({}), &Limits::default()).err().unwrap();
+    let err = Verifier::load(&rt, &module, &json!({}), &Limits::default())
+        .err()
+        .unwrap();
     assert!(load_error(err).contains("wasm32-wasip2"));
 
     let text = dir.path().join("text.wasm");
     std::fs::write(&text, "hello").unwrap();
-    let err = Verifier::load(&rt, &text, &json!({}), &Limits::default()).err().unwrap();
+    let err = Verifier::load(&rt, &text, &json!({}), &Limits::default())
+        .err()
+        .unwrap();
     assert!(load_error(err).contains("not a WebAssembly file"));
 }
 
 #[test]
 fn bad_settings_are_refused_at_load_naming_the_key() {
     let (rt, _, _c) = runtime();
-    let err = Protocol::load(&rt, &plugin("debate"), &json!({"peerz": 1}), &Limits::default()).err().unwrap();
+    let err = Protocol::load(
+        &rt,
+        &plugin("debate"),
+        &json!({"peerz": 1}),
+        &Limits::default(),
+    )
+    .err()
+    .unwrap();
     assert_eq!(err.function, "configure");
     assert!(err.to_string().contains("peerz"), "{err}");
 }
@@ -114,11 +150,18 @@ fn a_second_load_comes_from_the_cache() {
     let second = Runtime::new(options()).unwrap();
     let mut v = Verifier::load(&second, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
     assert_eq!(second.compile_counts(), (0, 1), "no recompilation");
-    let verdict = &v.score(&task("t", "gsm8k", "q", "12"), &["so \\boxed{12}".into()]).unwrap()[0];
+    let verdict = &v
+        .score(&task("t", "gsm8k", "q", "12"), &["so \\boxed{12}".into()])
+        .unwrap()[0];
     assert!(verdict.correct);
 
     // A corrupted cache entry is recompiled, not trusted.
-    let entry = std::fs::read_dir(cache.path()).unwrap().next().unwrap().unwrap().path();
+    let entry = std::fs::read_dir(cache.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     std::fs::write(&entry, b"garbage").unwrap();
     let third = Runtime::new(options()).unwrap();
     Verifier::load(&third, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
@@ -139,6 +182,10 @@ fn check_reports_world_version_and_hash() {
         .iter()
         .find(|e| e.name == "maporl:plugin/reward-shaping@0.1.0")
         .expect("exports reward-shaping");
-    assert!(shape.functions.iter().any(|f| f.starts_with("shape(")), "{:?}", shape.functions);
+    assert!(
+        shape.functions.iter().any(|f| f.starts_with("shape(")),
+        "{:?}",
+        shape.functions
+    );
     assert!(rt.check(&plugin("influence"), World::Verifier).is_err());
 }

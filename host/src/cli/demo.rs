@@ -81,7 +81,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .context("running the debates")?;
     let mut accuracy = vec![0.0; args.turns as usize];
     for d in &debates {
-        println!("== task {}: {} (reference {})", d.task.id, d.task.question, d.task.reference);
+        println!(
+            "== task {}: {} (reference {})",
+            d.task.id, d.task.question, d.task.reference
+        );
         for (t, decision) in d.decisions.iter().enumerate() {
             let turn = t as u32 + 1;
             for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {

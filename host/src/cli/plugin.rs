@@ -61,15 +61,24 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
     match cmd {
         PluginCommand::Inspect { file, json } => {
             let runtime = Runtime::new(RuntimeOptions::default())?;
-            let ins = plugin::inspect(&runtime, &file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let ins = plugin::inspect(&runtime, &file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&ins)?);
             } else {
                 println!("file:        {}", ins.file);
                 println!("size:        {} bytes", ins.size);
                 println!("sha256:      {}", ins.sha256);
-                println!("world:       {}", ins.world.as_deref().unwrap_or("(none: not a maporl plugin)"));
-                println!("wit version: {}", ins.wit_version.as_deref().unwrap_or("(unknown)"));
+                println!(
+                    "world:       {}",
+                    ins.world
+                        .as_deref()
+                        .unwrap_or("(none: not a maporl plugin)")
+                );
+                println!(
+                    "wit version: {}",
+                    ins.wit_version.as_deref().unwrap_or("(unknown)")
+                );
                 println!("imports:");
                 for i in &ins.imports {
                     println!("  {i}");
@@ -114,10 +123,34 @@ fn templates(kind: Kind) -> [(&'static str, &'static str); 4] {
     macro_rules! kind_templates {
         ($dir:literal) => {
             [
-                ("Cargo.toml", include_str!(concat!("../../../plugins/templates/", $dir, "/Cargo.toml.tmpl"))),
-                ("src/lib.rs", include_str!(concat!("../../../plugins/templates/", $dir, "/src/lib.rs.tmpl"))),
-                ("README.md", include_str!(concat!("../../../plugins/templates/", $dir, "/README.md.tmpl"))),
-                (".gitignore", include_str!(concat!("../../../plugins/templates/", $dir, "/.gitignore"))),
+                (
+                    "Cargo.toml",
+                    include_str!(concat!(
+                        "../../../plugins/templates/",
+                        $dir,
+                        "/Cargo.toml.tmpl"
+                    )),
+                ),
+                (
+                    "src/lib.rs",
+                    include_str!(concat!(
+                        "../../../plugins/templates/",
+                        $dir,
+                        "/src/lib.rs.tmpl"
+                    )),
+                ),
+                (
+                    "README.md",
+                    include_str!(concat!(
+                        "../../../plugins/templates/",
+                        $dir,
+                        "/README.md.tmpl"
+                    )),
+                ),
+                (
+                    ".gitignore",
+                    include_str!(concat!("../../../plugins/templates/", $dir, "/.gitignore")),
+                ),
             ]
         };
     }
@@ -132,19 +165,31 @@ fn templates(kind: Kind) -> [(&'static str, &'static str); 4] {
 pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     let valid = !name.is_empty()
         && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid {
         bail!("plugin name `{name}` must start with a lower-case letter and use only a-z, 0-9, - and _");
     }
-    if dir.exists() && dir.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
-        bail!("{} already exists and is not empty; choose another --path", dir.display());
+    if dir.exists()
+        && dir
+            .read_dir()
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        bail!(
+            "{} already exists and is not empty; choose another --path",
+            dir.display()
+        );
     }
     let lib_name = name.replace('-', "_");
     for (file, text) in templates(kind) {
         let target = dir.join(file);
         std::fs::create_dir_all(target.parent().expect("files are inside dir"))
             .with_context(|| format!("creating {}", dir.display()))?;
-        let text = text.replace("{{name}}", name).replace("{{lib_name}}", &lib_name);
+        let text = text
+            .replace("{{name}}", name)
+            .replace("{{lib_name}}", &lib_name);
         std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
     }
     let wit = dir.join("wit/maporl.wit");
@@ -173,26 +218,37 @@ fn empty_object() -> serde_json::Value {
 
 fn call(file: &Path, func: &str, input: &str) -> anyhow::Result<()> {
     let text = match input.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading --input file {path}"))?,
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading --input file {path}"))?
+        }
         None => input.to_string(),
     };
     let input: CallInput = serde_json::from_str(&text).context("parsing --input")?;
     let runtime = Runtime::new(RuntimeOptions::default())?;
-    let ins = plugin::inspect(&runtime, file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let ins =
+        plugin::inspect(&runtime, file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let world = ins
         .world
         .as_deref()
         .map(World::parse)
         .transpose()
         .map_err(anyhow::Error::msg)?
-        .with_context(|| format!("{} is not a maporl plugin (it exports no maporl world)", file.display()))?;
+        .with_context(|| {
+            format!(
+                "{} is not a maporl plugin (it exports no maporl world)",
+                file.display()
+            )
+        })?;
     let need = |what: &str| format!("`{func}` needs \"{what}\" in --input");
     let task = || input.task.clone().with_context(|| need("task"));
     let (output, fuel) = match (world, func) {
         (World::Protocol, "plan-turn" | "decide") => {
             let mut p = Protocol::load(&runtime, file, &input.settings, &input.limits)?;
             let (task, turn) = (task()?, input.turn.with_context(|| need("turn"))?);
-            let transcript = input.transcript.clone().with_context(|| need("transcript"))?;
+            let transcript = input
+                .transcript
+                .clone()
+                .with_context(|| need("transcript"))?;
             let out = if func == "plan-turn" {
                 serde_json::to_value(p.plan_turn(&task, turn, &transcript)?)?
             } else {
@@ -214,14 +270,27 @@ fn call(file: &Path, func: &str, input: &str) -> anyhow::Result<()> {
         }
         (World::RewardShaper, "shape") => {
             let mut s = RewardShaper::load(&runtime, file, &input.settings, &input.limits)?;
-            let transcript = input.transcript.clone().with_context(|| need("transcript"))?;
-            (serde_json::to_value(s.shape(&task()?, &transcript)?)?, s.fuel_used())
+            let transcript = input
+                .transcript
+                .clone()
+                .with_context(|| need("transcript"))?;
+            (
+                serde_json::to_value(s.shape(&task()?, &transcript)?)?,
+                s.fuel_used(),
+            )
         }
         (world, "configure") => {
             match world {
-                World::Protocol => Protocol::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
-                World::Verifier => Verifier::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
-                World::RewardShaper => RewardShaper::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?,
+                World::Protocol => {
+                    Protocol::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?
+                }
+                World::Verifier => {
+                    Verifier::load(&runtime, file, &input.settings, &input.limits).map(|_| ())?
+                }
+                World::RewardShaper => {
+                    RewardShaper::load(&runtime, file, &input.settings, &input.limits)
+                        .map(|_| ())?
+                }
             }
             (serde_json::json!("configured"), 0)
         }

@@ -57,7 +57,9 @@ impl ScriptedTeam {
                 if self.rng.random_bool(skill.clamp(0.0, 1.0)) {
                     reference
                 } else {
-                    reference + self.rng.random_range(1..=9) * if self.rng.random_bool(0.5) { 1 } else { -1 }
+                    reference
+                        + self.rng.random_range(1..=9)
+                            * if self.rng.random_bool(0.5) { 1 } else { -1 }
                 }
             }
             Some(&previous) => {
@@ -113,7 +115,11 @@ fn majority(values: &[i64]) -> Option<i64> {
         }
     }
     let best = counts.iter().map(|(_, n)| *n).max()?;
-    let top: Vec<i64> = counts.iter().filter(|(_, n)| *n == best).map(|(v, _)| *v).collect();
+    let top: Vec<i64> = counts
+        .iter()
+        .filter(|(_, n)| *n == best)
+        .map(|(v, _)| *v)
+        .collect();
     (top.len() == 1).then(|| top[0])
 }
 
@@ -123,7 +129,10 @@ mod tests {
 
     #[test]
     fn reads_boxed_answers_and_majorities() {
-        assert_eq!(all_boxed_integers("a \\boxed{3} b \\boxed{ -4 } \\boxed{x}"), vec![3, -4]);
+        assert_eq!(
+            all_boxed_integers("a \\boxed{3} b \\boxed{ -4 } \\boxed{x}"),
+            vec![3, -4]
+        );
         assert_eq!(last_boxed_integer("none"), None);
         assert_eq!(majority(&[1, 2, 2]), Some(2));
         assert_eq!(majority(&[1, 2]), None);

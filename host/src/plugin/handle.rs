@@ -16,8 +16,11 @@ pub(crate) trait WorldBindings: Sized {
     const WORLD: World;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre>;
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self>;
-    fn configure(&self, store: &mut Store<Sandbox>, settings: &str)
-        -> wasmtime::Result<Result<(), String>>;
+    fn configure(
+        &self,
+        store: &mut Store<Sandbox>,
+        settings: &str,
+    ) -> wasmtime::Result<Result<(), String>>;
 }
 
 /// Who a plugin is: the file the user named and its content hash.
@@ -124,7 +127,10 @@ impl<B: WorldBindings> Handle<B> {
         store
             .set_fuel(self.limits.fuel)
             .expect("fuel is enabled on the engine");
-        let ticks = self.limits.deadline_ms.div_ceil(EPOCH_TICK.as_millis() as u64);
+        let ticks = self
+            .limits
+            .deadline_ms
+            .div_ceil(EPOCH_TICK.as_millis() as u64);
         store.set_epoch_deadline(ticks.max(1));
     }
 
@@ -159,7 +165,12 @@ impl<B: WorldBindings> Handle<B> {
         }
     }
 
-    pub fn error(&self, function: &'static str, task: Option<&str>, failure: Failure) -> PluginError {
+    pub fn error(
+        &self,
+        function: &'static str,
+        task: Option<&str>,
+        failure: Failure,
+    ) -> PluginError {
         PluginError {
             plugin: self.identity.name.clone(),
             world: self.identity.world,
@@ -198,7 +209,11 @@ impl<B: WorldBindings> Handle<B> {
         if contents.len() > self.stderr_seen {
             let new = String::from_utf8_lossy(&contents[self.stderr_seen..]).to_string();
             for line in new.lines().filter(|l| !l.trim().is_empty()) {
-                (self.log)(&self.identity.name, LogLevel::Info, &format!("stderr: {line}"));
+                (self.log)(
+                    &self.identity.name,
+                    LogLevel::Info,
+                    &format!("stderr: {line}"),
+                );
             }
             self.stderr_seen = contents.len();
         }
@@ -211,7 +226,9 @@ fn panic_message(stderr: &str) -> Option<String> {
     let start = stderr.rfind("panicked at ")?;
     let after = &stderr[start..];
     let (location, rest) = after.split_once('\n').unwrap_or((after, ""));
-    let location = location.trim_start_matches("panicked at ").trim_end_matches(':');
+    let location = location
+        .trim_start_matches("panicked at ")
+        .trim_end_matches(':');
     let message: Vec<&str> = rest
         .lines()
         .take_while(|l| !l.starts_with("note:"))

@@ -71,9 +71,11 @@ pub(crate) fn describe(
             functions,
         });
     }
-    let world = ours
-        .iter()
-        .find_map(|(iface, _)| World::ALL.into_iter().find(|w| w.export_interface() == iface));
+    let world = ours.iter().find_map(|(iface, _)| {
+        World::ALL
+            .into_iter()
+            .find(|w| w.export_interface() == iface)
+    });
     let version = ours.iter().find_map(|(_, v)| *v);
     Ok(Inspection {
         file: path.display().to_string(),
@@ -119,7 +121,10 @@ fn type_name(ty: &wasmtime::component::types::Type) -> String {
         ),
         Type::Tuple(t) => format!(
             "tuple<{}>",
-            t.types().map(|t| type_name(&t)).collect::<Vec<_>>().join(", ")
+            t.types()
+                .map(|t| type_name(&t))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         Type::Record(r) => format!(
             "record {{ {} }}",
@@ -169,7 +174,11 @@ pub(crate) fn check_version(what: &str, version: (u64, u64, u64)) -> Result<(), 
 
 /// Refuses a component that does not export `world`'s interface at a compatible version,
 /// or imports the host interface at an incompatible one.
-pub(crate) fn check_world(engine: &Engine, component: &Component, world: World) -> Result<(), String> {
+pub(crate) fn check_world(
+    engine: &Engine,
+    component: &Component,
+    world: World,
+) -> Result<(), String> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let want = world.export_interface();
@@ -179,7 +188,10 @@ pub(crate) fn check_world(engine: &Engine, component: &Component, world: World) 
     let Some((_, version)) = found else {
         let other = exports.iter().find_map(|e| {
             let (iface, _) = parse_name(e)?;
-            World::ALL.into_iter().find(|w| w.export_interface() == iface).map(|w| (w, e))
+            World::ALL
+                .into_iter()
+                .find(|w| w.export_interface() == iface)
+                .map(|w| (w, e))
         });
         return Err(match other {
             Some((w, e)) => format!(
@@ -189,7 +201,11 @@ pub(crate) fn check_world(engine: &Engine, component: &Component, world: World) 
             None => format!(
                 "does not implement world `{world}`: it exports no `{WIT_PACKAGE}/{want}` \
                  interface (its exports: {}); build it with wit-bindgen against wit/maporl.wit",
-                if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
+                if exports.is_empty() {
+                    "none".to_string()
+                } else {
+                    exports.join(", ")
+                }
             ),
         });
     };
@@ -222,7 +238,9 @@ pub(crate) fn check_header(bytes: &[u8]) -> Result<(), String> {
              target (cargo build --release --target wasm32-wasip2)"
                 .to_string(),
         ),
-        other => Err(format!("unknown WebAssembly version/layer bytes {other:02x?}")),
+        other => Err(format!(
+            "unknown WebAssembly version/layer bytes {other:02x?}"
+        )),
     }
 }
 
@@ -237,7 +255,10 @@ mod tests {
             Some(("collaboration", Some((0, 1, 0))))
         );
         assert_eq!(parse_name("maporl:plugin/host"), Some(("host", None)));
-        assert_eq!(parse_name("maporl:plugin/host@1.2.3-rc.1"), Some(("host", Some((1, 2, 3)))));
+        assert_eq!(
+            parse_name("maporl:plugin/host@1.2.3-rc.1"),
+            Some(("host", Some((1, 2, 3))))
+        );
         assert_eq!(parse_name("wasi:cli/environment@0.2.6"), None);
         assert_eq!(parse_name("maporl:pluginx/host@0.1.0"), None);
     }
@@ -248,7 +269,10 @@ mod tests {
         assert!(check_version("x", (0, 1, 7)).is_ok());
         assert!(check_version("x", (0, 0, 3)).is_ok());
         let err = check_version("x", (0, 2, 0)).unwrap_err();
-        assert!(err.contains("maporl:plugin@0.2.0") && err.contains("0.1.0"), "{err}");
+        assert!(
+            err.contains("maporl:plugin@0.2.0") && err.contains("0.1.0"),
+            "{err}"
+        );
         assert!(check_version("x", (1, 0, 0)).is_err());
     }
 
@@ -257,6 +281,8 @@ mod tests {
         assert!(check_header(b"\0asm\x0d\x00\x01\x00rest").is_ok());
         let err = check_header(b"\0asm\x01\x00\x00\x00").unwrap_err();
         assert!(err.contains("wasm32-wasip2"), "{err}");
-        assert!(check_header(b"hello world").unwrap_err().contains("not a WebAssembly"));
+        assert!(check_header(b"hello world")
+            .unwrap_err()
+            .contains("not a WebAssembly"));
     }
 }

@@ -24,10 +24,10 @@ mod shaper;
 mod verifier;
 
 pub use error::{Failure, PluginError};
+pub use handle::Identity;
 pub use inspect::{inspect, Inspection};
 pub use protocol::Protocol;
 pub use runtime::{Runtime, RuntimeOptions};
-pub use handle::Identity;
 pub use sandbox::{stderr_sink, Judge, Limits, LogLevel, LogSink};
 pub use shaper::RewardShaper;
 pub use verifier::Verifier;
@@ -85,7 +85,9 @@ impl World {
             .into_iter()
             .find(|w| w.name() == name)
             .ok_or_else(|| {
-                format!("unknown world `{name}`; the worlds are protocol, verifier and reward-shaper")
+                format!(
+                    "unknown world `{name}`; the worlds are protocol, verifier and reward-shaper"
+                )
             })
     }
 }

@@ -74,8 +74,10 @@ impl Protocol {
                 .call_plan_turn(store, &wtask, turn, &wtranscript)
         })?;
         let plan: Vec<Prompt> = plan.into_iter().map(Prompt::from).collect();
-        validate_plan(&plan, transcript.agents)
-            .map_err(|msg| self.handle.error("plan-turn", Some(&task.id), Failure::Invalid(msg)))?;
+        validate_plan(&plan, transcript.agents).map_err(|msg| {
+            self.handle
+                .error("plan-turn", Some(&task.id), Failure::Invalid(msg))
+        })?;
         Ok(plan)
     }
 
@@ -112,7 +114,10 @@ fn validate_plan(plan: &[Prompt], agents: u32) -> Result<(), String> {
             ));
         }
         if prompt.messages.is_empty() {
-            return Err(format!("prompt {i} for agent {} has no messages", prompt.agent));
+            return Err(format!(
+                "prompt {i} for agent {} has no messages",
+                prompt.agent
+            ));
         }
     }
     Ok(())
@@ -145,6 +150,8 @@ mod tests {
             agent: 0,
             messages: vec![],
         };
-        assert!(validate_plan(&[empty], 1).unwrap_err().contains("no messages"));
+        assert!(validate_plan(&[empty], 1)
+            .unwrap_err()
+            .contains("no messages"));
     }
 }

@@ -122,9 +122,7 @@ impl Runtime {
         let typed = match world {
             World::Protocol => super::bindings::protocol::ProtocolPre::new(pre).map(|_| ()),
             World::Verifier => super::bindings::verifier::VerifierPre::new(pre).map(|_| ()),
-            World::RewardShaper => {
-                super::bindings::shaper::RewardShaperPre::new(pre).map(|_| ())
-            }
+            World::RewardShaper => super::bindings::shaper::RewardShaperPre::new(pre).map(|_| ()),
         };
         typed.map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
         inspect::describe(&self.engine, path, &loaded.component)
@@ -191,7 +189,9 @@ impl Runtime {
 fn write_cache(component: &Component, file: &Path) -> anyhow::Result<()> {
     let dir = file.parent().expect("cache files live in a directory");
     std::fs::create_dir_all(dir)?;
-    let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let bytes = component
+        .serialize()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     std::io::Write::write_all(&mut tmp, &bytes)?;
     tmp.persist(file)?;

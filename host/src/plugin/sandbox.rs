@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use wasmtime::component::ResourceTable;
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{
+    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
 
 use super::bindings::host;
 
@@ -114,7 +116,9 @@ impl Sandbox {
             .wall_clock(SteppingClock::new())
             .monotonic_clock(SteppingClock::new())
             .secure_random(rand_wasi::rngs::StdRng::seed_from_u64(seed))
-            .insecure_random(rand_wasi::rngs::StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15))
+            .insecure_random(rand_wasi::rngs::StdRng::seed_from_u64(
+                seed ^ 0x9e37_79b9_7f4a_7c15,
+            ))
             .insecure_random_seed(u128::from(seed) << 64 | u128::from(!seed));
         Sandbox {
             wasi: builder.build(),
@@ -227,7 +231,9 @@ impl SteppingClock {
     }
 
     fn tick(&self) -> u64 {
-        self.ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+        self.ticks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
     }
 }
 

@@ -27,7 +27,8 @@ impl WorldBindings for b::RewardShaper {
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.maporl_plugin_reward_shaping().call_configure(store, settings)
+        self.maporl_plugin_reward_shaping()
+            .call_configure(store, settings)
     }
 }
 
@@ -61,15 +62,21 @@ impl RewardShaper {
 
     /// The rewards of a finished debate: at most one per utterance, each for an utterance
     /// that exists, every value finite.
-    pub fn shape(&mut self, task: &Task, transcript: &Transcript) -> Result<Vec<Reward>, PluginError> {
+    pub fn shape(
+        &mut self,
+        task: &Task,
+        transcript: &Transcript,
+    ) -> Result<Vec<Reward>, PluginError> {
         let (wtask, wtranscript) = (wit::Task::from(task), wit::Transcript::from(transcript));
         let rewards = self.handle.call("shape", Some(&task.id), |s, store| {
             s.maporl_plugin_reward_shaping()
                 .call_shape(store, &wtask, &wtranscript)
         })?;
         let rewards: Vec<Reward> = rewards.into_iter().map(Reward::from).collect();
-        validate_rewards(&rewards, transcript)
-            .map_err(|msg| self.handle.error("shape", Some(&task.id), Failure::Invalid(msg)))?;
+        validate_rewards(&rewards, transcript).map_err(|msg| {
+            self.handle
+                .error("shape", Some(&task.id), Failure::Invalid(msg))
+        })?;
         Ok(rewards)
     }
 }
@@ -152,16 +159,26 @@ mod tests {
     fn rewards_must_name_existing_utterances_once() {
         let t = transcript();
         assert!(validate_rewards(&[reward(1, 0, 0.5), reward(2, 1, 1.0)], &t).is_ok());
-        assert!(validate_rewards(&[reward(1, 2, 0.5)], &t).unwrap_err().contains("agent 2"));
-        assert!(validate_rewards(&[reward(4, 0, 0.5)], &t).unwrap_err().contains("turn 4"));
+        assert!(validate_rewards(&[reward(1, 2, 0.5)], &t)
+            .unwrap_err()
+            .contains("agent 2"));
+        assert!(validate_rewards(&[reward(4, 0, 0.5)], &t)
+            .unwrap_err()
+            .contains("turn 4"));
         assert!(validate_rewards(&[reward(0, 0, 0.5)], &t).is_err());
         // Turn 3 is allowed by the config but nobody spoke (the debate stopped early).
-        assert!(validate_rewards(&[reward(3, 0, 0.5)], &t).unwrap_err().contains("said nothing"));
+        assert!(validate_rewards(&[reward(3, 0, 0.5)], &t)
+            .unwrap_err()
+            .contains("said nothing"));
         let twice = [reward(1, 0, 0.5), reward(1, 0, 0.1)];
         assert!(validate_rewards(&twice, &t).unwrap_err().contains("twice"));
-        assert!(validate_rewards(&[reward(1, 0, f32::NAN)], &t).unwrap_err().contains("NaN"));
+        assert!(validate_rewards(&[reward(1, 0, f32::NAN)], &t)
+            .unwrap_err()
+            .contains("NaN"));
         let mut bad_part = reward(1, 0, 0.5);
         bad_part.parts.push(("alpha-1".into(), f32::INFINITY));
-        assert!(validate_rewards(&[bad_part], &t).unwrap_err().contains("alpha-1"));
+        assert!(validate_rewards(&[bad_part], &t)
+            .unwrap_err()
+            .contains("alpha-1"));
     }
 }

@@ -25,7 +25,8 @@ impl WorldBindings for b::Verifier {
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.maporl_plugin_verification().call_configure(store, settings)
+        self.maporl_plugin_verification()
+            .call_configure(store, settings)
     }
 }
 
@@ -61,20 +62,27 @@ impl Verifier {
     pub fn extract(&mut self, task: &Task, text: &str) -> Result<Option<String>, PluginError> {
         let wtask = wit::Task::from(task);
         self.handle.call("extract", Some(&task.id), |v, store| {
-            v.maporl_plugin_verification().call_extract(store, &wtask, text)
+            v.maporl_plugin_verification()
+                .call_extract(store, &wtask, text)
         })
     }
 
     /// One verdict per response, in order; every score is checked to be in [0, 1].
-    pub fn score(&mut self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, PluginError> {
+    pub fn score(
+        &mut self,
+        task: &Task,
+        responses: &[String],
+    ) -> Result<Vec<Verdict>, PluginError> {
         let wtask = wit::Task::from(task);
         let verdicts = self.handle.call("score", Some(&task.id), |v, store| {
             v.maporl_plugin_verification()
                 .call_score(store, &wtask, responses)
         })?;
         let verdicts: Vec<Verdict> = verdicts.into_iter().map(Verdict::from).collect();
-        validate_verdicts(&verdicts, responses.len())
-            .map_err(|msg| self.handle.error("score", Some(&task.id), Failure::Invalid(msg)))?;
+        validate_verdicts(&verdicts, responses.len()).map_err(|msg| {
+            self.handle
+                .error("score", Some(&task.id), Failure::Invalid(msg))
+        })?;
         Ok(verdicts)
     }
 }
@@ -91,7 +99,10 @@ fn validate_verdicts(verdicts: &[Verdict], responses: usize) -> Result<(), Strin
             return Err(format!("score of response {i} is NaN"));
         }
         if !(0.0..=1.0).contains(&v.score) {
-            return Err(format!("score of response {i} is {}, outside [0, 1]", v.score));
+            return Err(format!(
+                "score of response {i} is {}, outside [0, 1]",
+                v.score
+            ));
         }
         if v.correct && v.answer.is_none() {
             return Err(format!("response {i} is marked correct but has no answer"));
@@ -115,8 +126,12 @@ mod tests {
     #[test]
     fn verdicts_are_checked() {
         assert!(validate_verdicts(&[verdict(0.0), verdict(1.0)], 2).is_ok());
-        assert!(validate_verdicts(&[verdict(0.5)], 2).unwrap_err().contains("1 verdicts for 2"));
-        assert!(validate_verdicts(&[verdict(f32::NAN)], 1).unwrap_err().contains("NaN"));
+        assert!(validate_verdicts(&[verdict(0.5)], 2)
+            .unwrap_err()
+            .contains("1 verdicts for 2"));
+        assert!(validate_verdicts(&[verdict(f32::NAN)], 1)
+            .unwrap_err()
+            .contains("NaN"));
         let err = validate_verdicts(&[verdict(0.2), verdict(1.5)], 2).unwrap_err();
         assert!(err.contains("response 1") && err.contains("1.5"), "{err}");
         assert!(validate_verdicts(&[verdict(-0.1)], 1).is_err());
@@ -126,6 +141,8 @@ mod tests {
             score: 1.0,
             correct: true,
         };
-        assert!(validate_verdicts(&[no_answer], 1).unwrap_err().contains("no answer"));
+        assert!(validate_verdicts(&[no_answer], 1)
+            .unwrap_err()
+            .contains("no answer"));
     }
 }

@@ -71,7 +71,13 @@ pub fn task(id: &str, kind: &str, question: &str, reference: &str) -> Task {
     }
 }
 
-pub fn utterance(turn: u32, agent: u32, answer: Option<&str>, score: f32, correct: bool) -> Utterance {
+pub fn utterance(
+    turn: u32,
+    agent: u32,
+    answer: Option<&str>,
+    score: f32,
+    correct: bool,
+) -> Utterance {
     Utterance {
         turn,
         agent,

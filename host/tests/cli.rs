@@ -1,0 +1,202 @@
+//! The `maporl` binary, driven as a user would.
+
+mod support;
+
+use std::process::{Command, Output};
+
+use support::*;
+
+fn maporl(args: &[&str]) -> Output {
+    let cache = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(args)
+        .env("MAPORL_CACHE_DIR", cache.path())
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .output()
+        .expect("running maporl")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn inspect_shows_world_version_exports_and_hash() {
+    let file = plugin("debate");
+    let out = maporl(&["plugin", "inspect", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("world:       protocol"), "{text}");
+    assert!(text.contains("wit version: 0.1.0"), "{text}");
+    assert!(text.contains("maporl:plugin/collaboration@0.1.0"), "{text}");
+    assert!(text.contains("plan-turn(task: record"), "{text}");
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&file).unwrap()));
+    assert!(text.contains(&sha), "{text}");
+
+    let out = maporl(&["plugin", "inspect", "--json", file.to_str().unwrap()]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["world"], "protocol");
+    assert_eq!(json["sha256"], sha);
+}
+
+#[test]
+fn check_accepts_the_right_world_and_refuses_another() {
+    let file = plugin("anli");
+    let ok = maporl(&[
+        "plugin",
+        "check",
+        file.to_str().unwrap(),
+        "--world",
+        "verifier",
+    ]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    assert!(stdout(&ok).starts_with("ok: "), "{}", stdout(&ok));
+    let bad = maporl(&[
+        "plugin",
+        "check",
+        file.to_str().unwrap(),
+        "--world",
+        "protocol",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = stderr(&bad);
+    assert!(
+        err.starts_with("error: plugin ") && err.contains("targets world `verifier`"),
+        "{err}"
+    );
+    let unknown = maporl(&[
+        "plugin",
+        "check",
+        file.to_str().unwrap(),
+        "--world",
+        "judge",
+    ]);
+    assert!(stderr(&unknown).contains("unknown world `judge`"));
+}
+
+#[test]
+fn call_runs_one_function_and_prints_json() {
+    let file = plugin("gsm8k");
+    let input = r#"{"task": {"id": "q1", "question": "2+2?", "reference": "4"},
+                    "responses": ["so \\boxed{4}", "maybe \\boxed{5}", "no idea"]}"#;
+    let out = maporl(&[
+        "plugin",
+        "call",
+        file.to_str().unwrap(),
+        "score",
+        "--input",
+        input,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let verdicts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(verdicts[0]["answer"], "4");
+    assert_eq!(verdicts[0]["correct"], true);
+    assert_eq!(verdicts[1]["score"], 0.0);
+    assert!(verdicts[2]["answer"].is_null());
+    assert!(stderr(&out).contains("fuel used: "));
+
+    let out = maporl(&[
+        "plugin",
+        "call",
+        file.to_str().unwrap(),
+        "shape",
+        "--input",
+        "{}",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("configure, extract, score"),
+        "{}",
+        stderr(&out)
+    );
+    let out = maporl(&[
+        "plugin",
+        "call",
+        file.to_str().unwrap(),
+        "score",
+        "--input",
+        r#"{"task": {"id": "q"}}"#,
+    ]);
+    assert!(stderr(&out).contains("parsing --input"), "{}", stderr(&out));
+}
+
+#[test]
+fn demo_runs_debates_through_the_reference_plugins() {
+    let out = maporl(&["demo", "--tasks", "3", "--seed", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("scripted stand-in agents (not LLMs)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("== task").count(), 3, "{text}");
+    for turn in 1..=3 {
+        assert!(text.contains(&format!("  turn {turn}: ")), "{text}");
+    }
+    assert_eq!(
+        stdout(&maporl(&["demo", "--tasks", "3", "--seed", "4"])),
+        text,
+        "deterministic"
+    );
+}
+
+#[test]
+fn scaffolded_plugins_build_pass_their_tests_and_check() {
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("target");
+    for (kind, name, world) in [
+        ("protocol", "my-protocol", "protocol"),
+        ("verifier", "my-verifier", "verifier"),
+        ("reward-shaper", "my-shaper", "reward-shaper"),
+    ] {
+        let dir = work.path().join(name);
+        let out = maporl(&["plugin", "new", kind, name, "--path", dir.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("wit/maporl.wit")).unwrap(),
+            maporl::plugin::WIT,
+            "the scaffold carries the host's WIT"
+        );
+        let cargo = |args: &[&str]| {
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(args)
+                .current_dir(&dir)
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "cargo {args:?} in {name}: {}",
+                stderr(&out)
+            );
+        };
+        cargo(&["build", "--release", "--target", "wasm32-wasip2"]);
+        cargo(&["test"]);
+        let wasm = target.join(format!(
+            "wasm32-wasip2/release/{}.wasm",
+            name.replace('-', "_")
+        ));
+        let out = maporl(&["plugin", "check", wasm.to_str().unwrap(), "--world", world]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let again = maporl(&[
+        "plugin",
+        "new",
+        "verifier",
+        "my-verifier",
+        "--path",
+        work.path().join("my-verifier").to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+    let bad = maporl(&["plugin", "new", "verifier", "My Verifier"]);
+    assert!(stderr(&bad).contains("must start with a lower-case letter"));
+}
