@@ -7,5 +7,6 @@
 pub mod cli;
 pub mod data;
 pub mod debate;
+pub mod eval;
 pub mod plugin;
 pub mod transcript;

@@ -135,8 +135,9 @@ fn demo_runs_debates_through_the_reference_plugins() {
         "{text}"
     );
     assert_eq!(text.matches("== task").count(), 3, "{text}");
+    assert!(text.contains("| majority accuracy |"), "{text}");
     for turn in 1..=3 {
-        assert!(text.contains(&format!("  turn {turn}: ")), "{text}");
+        assert!(text.contains(&format!("turn {turn} team answer")), "{text}");
     }
     assert_eq!(
         stdout(&maporl(&["demo", "--tasks", "3", "--seed", "4"])),

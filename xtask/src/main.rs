@@ -21,7 +21,8 @@ fn main() {
         "demo" => {
             plugins();
             let mut cmd = cargo();
-            cmd.args(["run", "--release", "-p", "maporl", "--", "demo"]).args(rest);
+            cmd.args(["run", "--release", "-p", "maporl", "--", "demo"])
+                .args(rest);
             run(&mut cmd);
         }
         "test" => {
@@ -29,14 +30,36 @@ fn main() {
             // The plugins' own logic, natively.
             run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml"]));
             // Host unit tests and end-to-end tests, in release (candle is slow in debug).
-            run(cargo().args(["test", "--release", "--workspace"]).args(rest));
+            run(cargo()
+                .args(["test", "--release", "--workspace"])
+                .args(rest));
         }
         "lint" => {
             run(cargo().args(["fmt", "--all", "--check"]));
-            run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]));
-            run(cargo().args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]));
             run(cargo().args([
-                "clippy", "--manifest-path", "plugins/Cargo.toml", "--all-targets", "--", "-D", "warnings",
+                "fmt",
+                "--all",
+                "--check",
+                "--manifest-path",
+                "plugins/Cargo.toml",
+            ]));
+            run(cargo().args([
+                "clippy",
+                "--release",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]));
+            run(cargo().args([
+                "clippy",
+                "--manifest-path",
+                "plugins/Cargo.toml",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
             ]));
         }
         _ => usage(),
@@ -81,7 +104,11 @@ fn plugins() {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == WASM_TARGET));
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim() == WASM_TARGET)
+        });
     match installed {
         Ok(true) => {}
         Ok(false) => run(Command::new("rustup").args(["target", "add", WASM_TARGET])),
@@ -91,6 +118,11 @@ fn plugins() {
         }
     }
     run(cargo().args([
-        "build", "--release", "--target", WASM_TARGET, "--manifest-path", "plugins/Cargo.toml",
+        "build",
+        "--release",
+        "--target",
+        WASM_TARGET,
+        "--manifest-path",
+        "plugins/Cargo.toml",
     ]));
 }

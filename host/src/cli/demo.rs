@@ -79,7 +79,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     let debates = debate::run(&mut plugins, &mut team, &tasks, args.agents, args.turns)
         .context("running the debates")?;
-    let mut accuracy = vec![0.0; args.turns as usize];
     for d in &debates {
         println!(
             "== task {}: {} (reference {})",
@@ -101,18 +100,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                     if u.correct { "right" } else { "wrong" },
                 );
             }
-            let credit = if decision.contains(&d.task.reference) {
-                1.0 / decision.len() as f64
-            } else {
-                0.0
-            };
-            accuracy[t] += credit / debates.len() as f64;
             println!("  turn {turn} team answer: {decision:?}");
         }
     }
-    println!("\nmajority accuracy per turn (ties credited 1/n):");
-    for (t, acc) in accuracy.iter().enumerate() {
-        println!("  turn {}: {acc:.3}", t + 1);
-    }
+    println!("\n{}", crate::eval::evaluate(&debates).table());
     Ok(())
 }

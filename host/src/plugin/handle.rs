@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use wasmtime::component::InstancePre;
-use wasmtime::{Store, Trap};
+use wasmtime::{Store, Trap, WasmBacktrace};
 
 use super::runtime::{load_error, Runtime, EPOCH_TICK};
 use super::sandbox::{Limits, LogLevel, Sandbox, STDERR_CAPACITY};
@@ -184,6 +184,7 @@ impl<B: WorldBindings> Handle<B> {
         if let Some((desired, limit)) = store.data().memory_refused {
             return Failure::MemoryCap { desired, limit };
         }
+        let backtrace = err.downcast_ref::<WasmBacktrace>();
         match err.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => Failure::OutOfFuel {
                 budget: self.limits.fuel,
@@ -192,14 +193,20 @@ impl<B: WorldBindings> Handle<B> {
                 millis: self.limits.deadline_ms,
             },
             Some(Trap::StackOverflow) => Failure::StackOverflow,
-            Some(Trap::UnreachableCodeReached) => {
+            // A Rust guest keeps its frames in linear memory too: runaway recursion runs
+            // that stack off the bottom of memory before the wasm stack limit is reached.
+            Some(Trap::MemoryOutOfBounds) if backtrace.is_some_and(is_runaway_recursion) => {
+                Failure::StackOverflow
+            }
+            Some(trap @ Trap::UnreachableCodeReached) => {
                 let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).to_string();
                 match panic_message(&stderr) {
                     Some(msg) => Failure::Panic(msg),
-                    None => Failure::Trap(format!("{err:?}")),
+                    None => Failure::Trap(describe_trap(&trap.to_string(), backtrace)),
                 }
             }
-            _ => Failure::Trap(format!("{err:?}")),
+            Some(trap) => Failure::Trap(describe_trap(&trap.to_string(), backtrace)),
+            None => Failure::Trap(describe_trap(&format!("{:#}", err.root_cause()), backtrace)),
         }
     }
 
@@ -218,6 +225,36 @@ impl<B: WorldBindings> Handle<B> {
             self.stderr_seen = contents.len();
         }
     }
+}
+
+/// Whether the innermost frames are one function calling itself, over and over.
+fn is_runaway_recursion(backtrace: &WasmBacktrace) -> bool {
+    let frames = backtrace.frames();
+    frames.len() >= 16
+        && frames[..16]
+            .iter()
+            .all(|f| f.func_index() == frames[0].func_index())
+}
+
+/// A trap's description with the innermost few frames of the guest's backtrace.
+fn describe_trap(what: &str, backtrace: Option<&WasmBacktrace>) -> String {
+    let mut text = what.to_string();
+    if let Some(bt) = backtrace {
+        for frame in bt.frames().iter().take(4) {
+            let module = frame.module().name().unwrap_or("plugin");
+            match frame.func_name() {
+                Some(name) => {
+                    let name = rustc_demangle::demangle(name);
+                    text.push_str(&format!("\n    at {module}!{name:#}"));
+                }
+                None => text.push_str(&format!(
+                    "\n    at {module}!<function {}>",
+                    frame.func_index()
+                )),
+            }
+        }
+    }
+    text
 }
 
 /// The message of the last Rust panic in a guest's stderr: the lines after

@@ -68,7 +68,7 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<Prompt>, PluginError> {
-        let (wtask, wtranscript) = (wit::Task::from(task), wit::Transcript::from(transcript));
+        let (wtask, wtranscript) = (without_reference(task), wit::Transcript::from(transcript));
         let plan = self.handle.call("plan-turn", Some(&task.id), |p, store| {
             p.maporl_plugin_collaboration()
                 .call_plan_turn(store, &wtask, turn, &wtranscript)
@@ -89,11 +89,19 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<String>, PluginError> {
-        let (wtask, wtranscript) = (wit::Task::from(task), wit::Transcript::from(transcript));
+        let (wtask, wtranscript) = (without_reference(task), wit::Transcript::from(transcript));
         self.handle.call("decide", Some(&task.id), |p, store| {
             p.maporl_plugin_collaboration()
                 .call_decide(store, &wtask, turn, &wtranscript)
         })
+    }
+}
+
+/// The task as a protocol sees it: without the gold answer, which must never reach a prompt.
+fn without_reference(task: &Task) -> wit::Task {
+    wit::Task {
+        reference: String::new(),
+        ..wit::Task::from(task)
     }
 }
 

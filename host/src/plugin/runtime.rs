@@ -156,11 +156,14 @@ impl Runtime {
             .as_ref()
             .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_key)));
         if let Some(file) = cached.as_ref().filter(|f| f.is_file()) {
+            // Read into memory rather than mmap: a cache file changed by someone else while
+            // mapped would crash the process (SIGBUS) instead of failing cleanly.
+            let bytes = std::fs::read(file).unwrap_or_default();
             // SAFETY: the cache holds only files this host serialized (written atomically,
             // named by the source's sha256 and the engine's compatibility hash); wasmtime
-            // still checks the header and engine compatibility, and a file that fails
-            // is recompiled below.
-            match unsafe { Component::deserialize_file(&self.engine, file) } {
+            // still checks the header and engine compatibility, and a file that fails is
+            // recompiled below.
+            match unsafe { Component::deserialize(&self.engine, &bytes) } {
                 Ok(component) => {
                     self.cache_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(component);

@@ -1,0 +1,308 @@
+//! Evaluation of finished debates: per-turn majority accuracy (the paper's tie rule),
+//! per-agent accuracy per turn, transitions between consecutive turns, invalid-answer rate
+//! and response length; printed as a table and written as JSON.
+//!
+//! A debate that ended early (the protocol planned an empty turn) keeps its last answers for
+//! the turns it did not play: the team's answer stands. An agent that has not spoken yet
+//! (round-robin) is left out of that turn's per-agent numbers.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::debate::Debate;
+use crate::transcript::Utterance;
+
+/// Counts of one agent's moves between consecutive turns: right->right, wrong->right,
+/// right->wrong, wrong->wrong.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transitions {
+    pub rr: usize,
+    pub wr: usize,
+    pub rw: usize,
+    pub ww: usize,
+}
+
+impl Transitions {
+    fn add(&mut self, before: bool, after: bool) {
+        match (before, after) {
+            (true, true) => self.rr += 1,
+            (false, true) => self.wr += 1,
+            (true, false) => self.rw += 1,
+            (false, false) => self.ww += 1,
+        }
+    }
+}
+
+/// The metrics of one turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnMetrics {
+    pub turn: u32,
+    /// Mean over tasks of the team answer's credit: 1/|tie| when the tie holds the gold
+    /// answer, else 0.
+    pub majority_accuracy: f64,
+    /// Per agent: the fraction of right answers among the tasks where it has spoken.
+    pub agent_accuracy: Vec<f64>,
+    /// Fraction of this turn's utterances with no valid answer.
+    pub invalid_rate: f64,
+    /// Mean response length in characters of this turn's utterances.
+    pub mean_response_chars: f64,
+    /// Moves from the previous turn, summed over agents (absent for turn 1).
+    pub transitions: Option<Transitions>,
+}
+
+/// Everything `maporl eval` reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub tasks: usize,
+    pub agents: u32,
+    pub turns: Vec<TurnMetrics>,
+}
+
+/// Computes the report over debates that all have the same team size and turn budget.
+pub fn evaluate(debates: &[Debate]) -> Report {
+    let agents = debates
+        .iter()
+        .map(|d| d.transcript.agents)
+        .max()
+        .unwrap_or(0);
+    let turns = debates
+        .iter()
+        .map(|d| d.transcript.turns)
+        .max()
+        .unwrap_or(0);
+    let n = debates.len().max(1) as f64;
+    let mut out = Vec::new();
+    for turn in 1..=turns {
+        let mut majority = 0.0;
+        let mut right = vec![0usize; agents as usize];
+        let mut spoke = vec![0usize; agents as usize];
+        let (mut said, mut invalid, mut chars) = (0usize, 0usize, 0usize);
+        let mut transitions = Transitions::default();
+        for d in debates {
+            majority += credit(d, turn);
+            for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {
+                said += 1;
+                invalid += usize::from(u.answer.is_none());
+                chars += u.text.chars().count();
+            }
+            for agent in 0..d.transcript.agents {
+                let now = latest(&d.transcript.utterances, agent, turn);
+                if let Some(now) = now {
+                    spoke[agent as usize] += 1;
+                    right[agent as usize] += usize::from(now.correct);
+                }
+                if turn > 1 {
+                    if let (Some(before), Some(now)) =
+                        (latest(&d.transcript.utterances, agent, turn - 1), now)
+                    {
+                        transitions.add(before.correct, now.correct);
+                    }
+                }
+            }
+        }
+        out.push(TurnMetrics {
+            turn,
+            majority_accuracy: majority / n,
+            agent_accuracy: right
+                .iter()
+                .zip(&spoke)
+                .map(|(&r, &s)| if s == 0 { 0.0 } else { r as f64 / s as f64 })
+                .collect(),
+            invalid_rate: if said == 0 {
+                0.0
+            } else {
+                invalid as f64 / said as f64
+            },
+            mean_response_chars: if said == 0 {
+                0.0
+            } else {
+                chars as f64 / said as f64
+            },
+            transitions: (turn > 1).then_some(transitions),
+        });
+    }
+    Report {
+        tasks: debates.len(),
+        agents,
+        turns: out,
+    }
+}
+
+/// The team answer's credit after `turn`, carrying the last decision past an early stop.
+fn credit(d: &Debate, turn: u32) -> f64 {
+    let Some(decision) = d
+        .decisions
+        .get(turn as usize - 1)
+        .or_else(|| d.decisions.last())
+    else {
+        return 0.0;
+    };
+    if decision.iter().any(|a| *a == d.task.reference) {
+        1.0 / decision.len() as f64
+    } else {
+        0.0
+    }
+}
+
+/// The agent's most recent utterance at or before `turn`.
+fn latest(utterances: &[Utterance], agent: u32, turn: u32) -> Option<&Utterance> {
+    utterances
+        .iter()
+        .filter(|u| u.agent == agent && u.turn <= turn)
+        .max_by_key(|u| u.turn)
+}
+
+impl Report {
+    /// The paper's table: one row per metric, one column per turn.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let header: Vec<String> = self
+            .turns
+            .iter()
+            .map(|t| format!("turn {}", t.turn))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} tasks, {} agents | {} |",
+            self.tasks,
+            self.agents,
+            header.join(" | ")
+        );
+        let _ = writeln!(s, "|---|{}", "---|".repeat(self.turns.len()));
+        let row = |s: &mut String, name: &str, cell: &dyn Fn(&TurnMetrics) -> String| {
+            let cells: Vec<String> = self.turns.iter().map(cell).collect();
+            let _ = writeln!(s, "| {name} | {} |", cells.join(" | "));
+        };
+        row(&mut s, "majority accuracy", &|t| {
+            format!("{:.3}", t.majority_accuracy)
+        });
+        for a in 0..self.agents as usize {
+            row(&mut s, &format!("agent {a} accuracy"), &|t| {
+                format!("{:.3}", t.agent_accuracy[a])
+            });
+        }
+        row(&mut s, "invalid rate", &|t| {
+            format!("{:.3}", t.invalid_rate)
+        });
+        row(&mut s, "mean response chars", &|t| {
+            format!("{:.0}", t.mean_response_chars)
+        });
+        row(
+            &mut s,
+            "transitions RR/WR/RW/WW",
+            &|t| match t.transitions {
+                Some(x) => format!("{}/{}/{}/{}", x.rr, x.wr, x.rw, x.ww),
+                None => "-".into(),
+            },
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::{Task, Transcript};
+
+    fn u(turn: u32, agent: u32, answer: Option<&str>, reference: &str) -> Utterance {
+        Utterance {
+            turn,
+            agent,
+            text: "x".repeat(10 * turn as usize),
+            answer: answer.map(Into::into),
+            score: 0.0,
+            correct: answer == Some(reference),
+        }
+    }
+
+    fn debate(reference: &str, utterances: Vec<Utterance>, decisions: Vec<Vec<&str>>) -> Debate {
+        Debate {
+            task: Task {
+                id: "t".into(),
+                kind: "arith".into(),
+                question: "q".into(),
+                reference: reference.into(),
+                fields: vec![],
+            },
+            transcript: Transcript {
+                agents: 2,
+                turns: 3,
+                utterances,
+            },
+            decisions: decisions
+                .into_iter()
+                .map(|d| d.into_iter().map(String::from).collect())
+                .collect(),
+            rewards: vec![],
+        }
+    }
+
+    #[test]
+    fn majority_ties_transitions_and_early_stop() {
+        // Task 1: a tie holding the gold answer at turn 1, then both right; stops after turn 2.
+        let d1 = debate(
+            "5",
+            vec![
+                u(1, 0, Some("5"), "5"),
+                u(1, 1, Some("4"), "5"),
+                u(2, 0, Some("5"), "5"),
+                u(2, 1, Some("5"), "5"),
+            ],
+            vec![vec!["4", "5"], vec!["5"]],
+        );
+        // Task 2: right then persuaded wrong; one invalid answer.
+        let d2 = debate(
+            "7",
+            vec![
+                u(1, 0, Some("7"), "7"),
+                u(1, 1, None, "7"),
+                u(2, 0, Some("8"), "7"),
+                u(2, 1, Some("8"), "7"),
+                u(3, 0, Some("8"), "7"),
+                u(3, 1, Some("7"), "7"),
+            ],
+            vec![vec!["7"], vec!["8"], vec!["7", "8"]],
+        );
+        let r = evaluate(&[d1, d2]);
+        assert_eq!(r.turns.len(), 3);
+        let acc: Vec<f64> = r.turns.iter().map(|t| t.majority_accuracy).collect();
+        assert_eq!(
+            acc,
+            vec![(0.5 + 1.0) / 2.0, (1.0 + 0.0) / 2.0, (1.0 + 0.5) / 2.0]
+        );
+        assert_eq!(r.turns[0].agent_accuracy, vec![1.0, 0.0]);
+        assert_eq!(r.turns[0].invalid_rate, 0.25);
+        assert_eq!(r.turns[0].transitions, None);
+        // Turn 1 -> 2: d1 agent0 RR, agent1 WR; d2 agent0 RW, agent1 WW.
+        assert_eq!(
+            r.turns[1].transitions,
+            Some(Transitions {
+                rr: 1,
+                wr: 1,
+                rw: 1,
+                ww: 1
+            })
+        );
+        // Turn 2 -> 3: d1 carried (RR, RR); d2 agent0 WW, agent1 WR.
+        assert_eq!(
+            r.turns[2].transitions,
+            Some(Transitions {
+                rr: 2,
+                wr: 1,
+                rw: 0,
+                ww: 1
+            })
+        );
+        assert_eq!(r.turns[2].mean_response_chars, 30.0);
+        let table = r.table();
+        assert!(
+            table.contains("| majority accuracy | 0.750 | 0.500 | 0.750 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| transitions RR/WR/RW/WW | - | 1/1/1/1 | 2/1/0/1 |"),
+            "{table}"
+        );
+    }
+}

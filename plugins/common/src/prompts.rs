@@ -1,0 +1,320 @@
+//! Prompts: the turn-1 prompt per task kind and the debate's follow-up messages.
+//!
+//! Agents are numbered from 1 in prompt text ("Agent 2" is agent index 1).
+
+use crate::transcript::find;
+use crate::{ChatMessage, Role, Task, Transcript};
+
+/// How a task's answer looks, from `task.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    /// "gsm8k", "arith": an integer.
+    Numeric,
+    /// "anli": entailment / neutral / contradiction.
+    Nli,
+    /// Anything else: a short free-form answer.
+    Generic,
+}
+
+/// The kind of a task (case-insensitive).
+pub fn task_kind(task: &Task) -> TaskKind {
+    match task.kind.trim().to_ascii_lowercase().as_str() {
+        "gsm8k" | "arith" => TaskKind::Numeric,
+        "anli" => TaskKind::Nli,
+        _ => TaskKind::Generic,
+    }
+}
+
+/// A non-empty extra field of the task.
+pub fn field<'a>(task: &'a Task, name: &str) -> Option<&'a str> {
+    task.fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// The question as shown to the agents: "Question: ..." or, for ANLI, "Premise: ...\n
+/// Hypothesis: ..." from the `premise` and `hypothesis` fields (the question as given when
+/// either is missing).
+pub fn question_block(task: &Task) -> String {
+    match task_kind(task) {
+        TaskKind::Nli => match (field(task, "premise"), field(task, "hypothesis")) {
+            (Some(p), Some(h)) => format!("Premise: {p}\nHypothesis: {h}"),
+            _ => task.question.trim().to_string(),
+        },
+        _ => format!("Question: {}", task.question.trim()),
+    }
+}
+
+/// What the agent is asked to do with the question at turn 1.
+pub fn task_instruction(task: &Task) -> &'static str {
+    match task_kind(task) {
+        TaskKind::Numeric => {
+            "Provide a reasoning for your solution. At the end, write the answer as \
+             `Answer: \\boxed{N}` where N is an integer."
+        }
+        TaskKind::Nli => {
+            "Does the premise entail the hypothesis? Choose one of entailment / neutral / \
+             contradiction, reason briefly, and conclude with `Answer: \\boxed{label}` where \
+             label is entailment, neutral or contradiction."
+        }
+        TaskKind::Generic => "Answer briefly and end with `Answer: \\boxed{...}`.",
+    }
+}
+
+/// The answer-format reminder alone.
+pub fn answer_format(task: &Task) -> &'static str {
+    match task_kind(task) {
+        TaskKind::Numeric => {
+            "At the end, write the answer as `Answer: \\boxed{N}` where N is an integer."
+        }
+        TaskKind::Nli => {
+            "Conclude with `Answer: \\boxed{label}` where label is entailment, neutral or \
+             contradiction."
+        }
+        TaskKind::Generic => "End with `Answer: \\boxed{...}`.",
+    }
+}
+
+/// The turn-1 user message: the question block, then the task instruction.
+pub fn first_turn_prompt(task: &Task) -> String {
+    format!("{}\n{}", question_block(task), task_instruction(task))
+}
+
+/// The revise instruction at turns >= 2 when other agents' answers are shown.
+pub const REVISE_WITH_PEERS: &str = "Consider your previous solution and the other agents' \
+     answers. If you believe your previous answer was wrong, revise it; otherwise keep it. \
+     Avoid merely repeating earlier reasoning, and keep the reasoning short.";
+
+/// The revise instruction when no other agent is shown.
+pub const REVISE_ALONE: &str = "Consider your previous solution. If you believe it was \
+     wrong, revise it; otherwise keep it. Avoid merely repeating earlier reasoning, and keep \
+     the reasoning short.";
+
+/// The score note shown under an answer when scores are shown.
+pub fn score_note(score: f32) -> String {
+    let verdict = if score >= 0.5 { "correct" } else { "incorrect" };
+    format!(
+        "Reward: {score:.3} out of 1.0, which means the verifier thinks this answer is likely {verdict}."
+    )
+}
+
+/// One earlier response shown to an agent.
+#[derive(Clone, Debug)]
+pub struct Shown<'a> {
+    /// "Agent 2", "Agent 1 (turn 1)", ...
+    pub label: String,
+    /// The response as generated.
+    pub text: &'a str,
+    /// Its verifier score, when scores are shown.
+    pub score: Option<f32>,
+}
+
+/// Renders shown responses, one paragraph each: "Agent 2: text" and, with a score, the
+/// score note on the next line.
+pub fn render_shown(shown: &[Shown<'_>]) -> String {
+    shown
+        .iter()
+        .map(|s| match s.score {
+            Some(score) => format!("{}: {}\n{}", s.label, s.text.trim(), score_note(score)),
+            None => format!("{}: {}", s.label, s.text.trim()),
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// The follow-up user message of a debate turn >= 2: the other agents' previous answers (if
+/// any), the revise instruction, then the question again with its instruction.
+pub fn followup_message(task: &Task, peers: &[Shown<'_>]) -> String {
+    let question = first_turn_prompt(task);
+    if peers.is_empty() {
+        format!("{REVISE_ALONE}\n\n{question}")
+    } else {
+        format!(
+            "These are the other agents' answers from the previous turn:\n\n{}\n\n{REVISE_WITH_PEERS}\n\n{question}",
+            render_shown(peers)
+        )
+    }
+}
+
+/// A system message from the `system` setting (none when unset or blank).
+pub fn system_message(system: Option<&str>) -> Option<ChatMessage> {
+    system
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| message(Role::System, s))
+}
+
+/// A chat message.
+pub fn message(role: Role, content: impl Into<String>) -> ChatMessage {
+    ChatMessage {
+        role,
+        content: content.into(),
+    }
+}
+
+/// The other agents `agent` sees: at most `limit` (all when `None`) of `participants`,
+/// taken cyclically starting after `agent`'s position in `participants`.
+pub fn peers_of(participants: &[u32], agent: u32, limit: Option<u32>) -> Vec<u32> {
+    let n = participants.len();
+    let Some(pos) = participants.iter().position(|p| *p == agent) else {
+        return Vec::new();
+    };
+    let count = limit.map_or(n - 1, |l| (l as usize).min(n - 1));
+    (0..count)
+        .map(|i| participants[(pos + 1 + i) % n])
+        .collect()
+}
+
+/// How a debate shows earlier turns to a debater.
+#[derive(Clone, Copy, Debug)]
+pub struct DebateView<'a> {
+    /// The agents taking part in the debate, in order.
+    pub participants: &'a [u32],
+    /// Show at most this many other participants (all when `None`).
+    pub peers: Option<u32>,
+    /// Show each shown answer's verifier score.
+    pub show_scores: bool,
+    /// The system prompt, if any.
+    pub system: Option<&'a str>,
+}
+
+/// The conversation debater `agent` sees at `turn` (paper §1): its own history as a chat
+/// (user turn-1 prompt, assistant its turn-1 text, user follow-up, assistant its turn-2 text,
+/// ...), where the follow-up before its turn-k answer shows its peers' turn-(k-1) answers.
+pub fn debate_messages(
+    plugin: &str,
+    task: &Task,
+    transcript: &Transcript,
+    agent: u32,
+    turn: u32,
+    view: DebateView<'_>,
+) -> Result<Vec<ChatMessage>, String> {
+    let peers = peers_of(view.participants, agent, view.peers);
+    let mut messages: Vec<ChatMessage> = system_message(view.system).into_iter().collect();
+    messages.push(message(Role::User, first_turn_prompt(task)));
+    for k in 1..turn {
+        let own = find(transcript, k, agent).ok_or_else(|| {
+            format!(
+                "{plugin}: task `{}`: agent {agent} has no utterance at turn {k}, so its \
+                 turn-{turn} conversation cannot be built (the transcript does not follow \
+                 this protocol)",
+                task.id
+            )
+        })?;
+        messages.push(message(Role::Assistant, own.text.clone()));
+        let shown: Vec<Shown<'_>> = peers
+            .iter()
+            .filter_map(|p| find(transcript, k, *p))
+            .map(|u| Shown {
+                label: format!("Agent {}", u.agent + 1),
+                text: &u.text,
+                score: view.show_scores.then_some(u.score),
+            })
+            .collect();
+        messages.push(message(Role::User, followup_message(task, &shown)));
+    }
+    Ok(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{task, transcript, utt};
+
+    #[test]
+    fn turn_one_prompts_per_kind() {
+        let gsm = task("gsm8k", " What is 2+2? ", "4");
+        assert_eq!(
+            first_turn_prompt(&gsm),
+            "Question: What is 2+2?\nProvide a reasoning for your solution. At the end, write \
+             the answer as `Answer: \\boxed{N}` where N is an integer."
+        );
+        assert_eq!(task_kind(&task("ARITH", "", "")), TaskKind::Numeric);
+
+        let mut nli = task("anli", "P / H", "e");
+        assert!(first_turn_prompt(&nli).starts_with("P / H\nDoes the premise entail"));
+        nli.fields = vec![
+            ("premise".into(), "A dog runs.".into()),
+            ("hypothesis".into(), "An animal moves.".into()),
+        ];
+        let p = first_turn_prompt(&nli);
+        assert!(
+            p.starts_with("Premise: A dog runs.\nHypothesis: An animal moves.\n"),
+            "{p}"
+        );
+        assert!(p.contains("entailment / neutral / contradiction"));
+        assert!(p.contains("`Answer: \\boxed{label}`"));
+
+        let other = task("trivia", "Capital of France?", "Paris");
+        assert_eq!(
+            first_turn_prompt(&other),
+            "Question: Capital of France?\nAnswer briefly and end with `Answer: \\boxed{...}`."
+        );
+    }
+
+    #[test]
+    fn score_notes() {
+        assert_eq!(
+            score_note(0.734),
+            "Reward: 0.734 out of 1.0, which means the verifier thinks this answer is likely correct."
+        );
+        assert!(score_note(0.2).ends_with("likely incorrect."));
+    }
+
+    #[test]
+    fn peers_are_cyclic_and_limited() {
+        let all = [0, 1, 2, 3];
+        assert_eq!(peers_of(&all, 0, None), vec![1, 2, 3]);
+        assert_eq!(peers_of(&all, 2, None), vec![3, 0, 1]);
+        assert_eq!(peers_of(&all, 2, Some(2)), vec![3, 0]);
+        assert_eq!(peers_of(&all, 3, Some(1)), vec![0]);
+        assert_eq!(peers_of(&all, 3, Some(9)), vec![0, 1, 2]);
+        assert!(peers_of(&all, 1, Some(0)).is_empty());
+        assert!(peers_of(&[0, 1], 5, None).is_empty());
+    }
+
+    #[test]
+    fn system_prompt_only_when_set() {
+        assert!(system_message(None).is_none());
+        assert!(system_message(Some("  ")).is_none());
+        assert_eq!(
+            system_message(Some("Be brief.")).unwrap().role,
+            Role::System
+        );
+    }
+
+    #[test]
+    fn debate_history_is_a_chat() {
+        let t = task("gsm8k", "Q?", "4");
+        let tr = transcript(
+            2,
+            3,
+            vec![
+                utt(1, 0, "mine 1", Some("4"), 0.9),
+                utt(1, 1, "theirs 1", Some("5"), 0.1),
+                utt(2, 0, "mine 2", Some("4"), 0.8),
+                utt(2, 1, "theirs 2", Some("4"), 0.7),
+            ],
+        );
+        let view = DebateView {
+            participants: &[0, 1],
+            peers: None,
+            show_scores: false,
+            system: Some("sys"),
+        };
+        let m = debate_messages("debate", &t, &tr, 0, 3, view).unwrap();
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        use Role::*;
+        assert_eq!(roles, vec![System, User, Assistant, User, Assistant, User]);
+        assert_eq!(m[2].content, "mine 1");
+        assert!(m[3].content.contains("Agent 2: theirs 1"));
+        assert_eq!(m[4].content, "mine 2");
+        assert!(m[5].content.contains("Agent 2: theirs 2"));
+        assert!(!m[5].content.contains("theirs 1"));
+        assert!(!m[5].content.contains("Reward:"));
+
+        let err = debate_messages("debate", &t, &tr, 0, 4, view).unwrap_err();
+        assert!(err.contains("agent 0 has no utterance at turn 3"), "{err}");
+    }
+}

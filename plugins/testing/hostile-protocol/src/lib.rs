@@ -1,0 +1,143 @@
+//! TEST FIXTURE: a protocol component that misbehaves according to `task.question`; see
+//! plugins/testing/README.md. Normally every agent answers at every turn with the question
+//! as the only message, and `decide` returns the first agent's answer at the turn.
+
+use maporl_hostile_common::{misbehave, Outcome};
+use maporl_plugin_common::prompts::message;
+use maporl_plugin_common::transcript::at_turn;
+use maporl_plugin_common::{Prompt, Role, Task, Transcript};
+
+/// The fixture's name in messages.
+pub const PLUGIN: &str = "hostile-protocol";
+
+fn prompt(agent: u32, content: &str) -> Prompt {
+    Prompt {
+        agent,
+        messages: vec![message(Role::User, content)],
+    }
+}
+
+/// `plan-turn`; the bool says whether it behaved normally (the glue then logs).
+pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool), String> {
+    let everyone = |content: &str| (0..transcript.agents).map(|a| prompt(a, content)).collect();
+    match task.question.trim() {
+        "bad-plan" => Ok((vec![prompt(99, &task.question)], false)),
+        "duplicate-agent" => Ok((
+            vec![prompt(0, &task.question), prompt(0, &task.question)],
+            false,
+        )),
+        mode => match misbehave(mode) {
+            Outcome::Normal => Ok((everyone(&task.question), true)),
+            Outcome::Output(text) => Ok((everyone(&text), false)),
+            Outcome::Error(e) => Err(e),
+        },
+    }
+}
+
+/// `decide`: the first answer given at `turn`; the bool says whether it behaved normally.
+pub fn decide(
+    task: &Task,
+    turn: u32,
+    transcript: &Transcript,
+) -> Result<(Vec<String>, bool), String> {
+    match misbehave(&task.question) {
+        Outcome::Normal => Ok((
+            at_turn(transcript, turn)
+                .next()
+                .and_then(|u| u.answer.clone())
+                .into_iter()
+                .collect(),
+            true,
+        )),
+        Outcome::Output(text) => Ok((vec![text], false)),
+        Outcome::Error(e) => Err(e),
+    }
+}
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "protocol",
+        path: "../../../wit",
+        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
+    });
+}
+
+use bindings::maporl::plugin::host::{log, Level};
+
+struct Hostile;
+
+impl bindings::exports::maporl::plugin::collaboration::Guest for Hostile {
+    fn configure(settings: String) -> Result<(), String> {
+        if maporl_hostile_common::configure(PLUGIN, &settings)? {
+            log(
+                Level::Info,
+                &format!("{PLUGIN}: configure: behaving normally"),
+            );
+        }
+        Ok(())
+    }
+
+    fn plan_turn(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<Prompt>, String> {
+        let (plan, normal) = plan(&task, &transcript)?;
+        if normal {
+            log(
+                Level::Info,
+                &format!("{PLUGIN}: plan-turn {turn}: behaving normally"),
+            );
+        }
+        Ok(plan)
+    }
+
+    fn decide(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<String>, String> {
+        let (answers, normal) = decide(&task, turn, &transcript)?;
+        if normal {
+            log(
+                Level::Info,
+                &format!("{PLUGIN}: decide {turn}: behaving normally"),
+            );
+        }
+        Ok(answers)
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+bindings::export!(Hostile with_types_in bindings);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maporl_plugin_common::testing::{task, transcript, utt};
+
+    #[test]
+    fn behaves_normally_on_other_questions() {
+        let tr = transcript(
+            2,
+            2,
+            vec![utt(1, 0, "", Some("a"), 1.0), utt(1, 1, "", Some("b"), 0.0)],
+        );
+        let (p, normal) = plan(&task("x", "2+2?", "4"), &tr).unwrap();
+        assert!(normal);
+        assert_eq!(p.iter().map(|p| p.agent).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(p[0].messages[0].content, "2+2?");
+        assert_eq!(
+            decide(&task("x", "q", "4"), 1, &tr).unwrap(),
+            (vec!["a".to_string()], true)
+        );
+        assert!(decide(&task("x", "q", "4"), 2, &tr).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn world_specific_misbehaviours() {
+        let tr = transcript(2, 2, vec![]);
+        let (p, _) = plan(&task("x", "bad-plan", ""), &tr).unwrap();
+        assert_eq!(p[0].agent, 99);
+        let (p, _) = plan(&task("x", "duplicate-agent", ""), &tr).unwrap();
+        assert_eq!(p.iter().map(|p| p.agent).collect::<Vec<_>>(), vec![0, 0]);
+        assert!(plan(&task("x", "env", ""), &tr)
+            .unwrap_err()
+            .starts_with("env: "));
+        assert!(decide(&task("x", "clock", ""), 1, &tr)
+            .unwrap_err()
+            .starts_with("clock: "));
+    }
+}

@@ -1,0 +1,133 @@
+//! ANLI verifier: the answer is the last `\boxed{}` (LaTeX command names such as `\text`
+//! removed, letters only, lower-cased), which must be exactly entailment, neutral or
+//! contradiction; with no box at all, the last of the three label words in the text. Score
+//! 1.0 when it equals the reference (the label or its initial e / n / c), else 0.0.
+//!
+//! Settings: none (`{}`).
+
+use maporl_plugin_common::answers::{nli_label, nli_reference};
+use maporl_plugin_common::settings::parse_settings;
+use maporl_plugin_common::{Task, Verdict};
+use serde::Deserialize;
+
+/// The plugin's name in error messages.
+pub const PLUGIN: &str = "anli";
+
+/// The ANLI verifier takes no settings.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {}
+
+impl Settings {
+    /// Parses the `configure` document (only `{}` is accepted).
+    pub fn parse(json: &str) -> Result<Self, String> {
+        parse_settings(PLUGIN, json)
+    }
+}
+
+/// The task's reference as a label.
+pub fn reference(task: &Task) -> Result<&'static str, String> {
+    nli_reference(&task.reference).ok_or_else(|| {
+        format!(
+            "{PLUGIN}: task `{}`: the reference `{}` is not an NLI label; expected entailment, \
+             neutral or contradiction (or e, n, c)",
+            task.id, task.reference
+        )
+    })
+}
+
+/// One verdict per response.
+pub fn score(task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> {
+    let gold = reference(task)?;
+    Ok(responses
+        .iter()
+        .map(|text| {
+            let answer = nli_label(text);
+            let correct = answer == Some(gold);
+            Verdict {
+                answer: answer.map(str::to_string),
+                score: if correct { 1.0 } else { 0.0 },
+                correct,
+            }
+        })
+        .collect())
+}
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "verifier",
+        path: "../../../wit",
+        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
+    });
+}
+
+struct Anli;
+
+impl bindings::exports::maporl::plugin::verification::Guest for Anli {
+    fn configure(settings: String) -> Result<(), String> {
+        Settings::parse(&settings).map(|_| ())
+    }
+
+    fn extract(_task: Task, text: String) -> Result<Option<String>, String> {
+        Ok(nli_label(&text).map(str::to_string))
+    }
+
+    fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
+        score(&task, &responses)
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+bindings::export!(Anli with_types_in bindings);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maporl_plugin_common::testing::task;
+
+    #[test]
+    fn scores_against_short_and_long_references() {
+        let responses: Vec<String> = [
+            "The hypothesis follows. Answer: \\boxed{Entailment}",
+            "Answer: \\boxed{\\text{neutral}}",
+            "It is not neutral; it is an entailment.",
+            "\\boxed{yes}",
+            "I cannot tell.",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for reference in ["e", "E", "entailment", " Entailment "] {
+            let v = score(&task("anli", "p/h", reference), &responses).unwrap();
+            let got: Vec<_> = v
+                .iter()
+                .map(|v| (v.answer.as_deref(), v.score, v.correct))
+                .collect();
+            assert_eq!(
+                got,
+                vec![
+                    (Some("entailment"), 1.0, true),
+                    (Some("neutral"), 0.0, false),
+                    (Some("entailment"), 1.0, true),
+                    (None, 0.0, false),
+                    (None, 0.0, false),
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_reference_and_settings() {
+        let e = score(&task("anli", "p/h", "maybe"), &[]).unwrap_err();
+        assert!(
+            e.starts_with("anli: task `t-1`: the reference `maybe` is not an NLI label"),
+            "{e}"
+        );
+        assert!(Settings::parse("{}").is_ok());
+        let e = Settings::parse(r#"{"strict": true}"#).unwrap_err();
+        assert_eq!(
+            e,
+            "anli: unknown setting `strict`; this plugin takes no settings (use {})"
+        );
+    }
+}
