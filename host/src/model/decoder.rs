@@ -75,8 +75,26 @@ pub(crate) fn get(vb: &VarBuilder, shape: &[usize], name: &str) -> Result<Tensor
     } else {
         format!("{}.{name}", vb.prefix())
     };
-    vb.get(shape, name)
-        .map_err(|e| anyhow!("tensor `{full}` (expected shape {shape:?}): {e}"))
+    vb.get(shape, name).map_err(|e| {
+        let mut inner = &e;
+        while let candle_core::Error::WithBacktrace { inner: i, .. }
+        | candle_core::Error::Context { inner: i, .. } = inner
+        {
+            inner = i;
+        }
+        match inner {
+            candle_core::Error::UnexpectedShape { got, .. } => {
+                anyhow!(
+                    "tensor `{full}`: expected shape {shape:?}, found {:?}",
+                    got.dims()
+                )
+            }
+            candle_core::Error::CannotFindTensor { .. } => {
+                anyhow!("tensor `{full}` (shape {shape:?}) is missing from the weights")
+            }
+            other => anyhow!("tensor `{full}` (expected shape {shape:?}): {other}"),
+        }
+    })
 }
 
 #[derive(Debug, Clone)]
