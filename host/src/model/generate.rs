@@ -276,7 +276,9 @@ pub fn score(
     let mut c0 = 0;
     while c0 < r_max {
         let n = chunk.min(r_max - c0);
-        let logits = base.logits(&pred.narrow(1, c0, n)?)?;
+        // Contiguous, so lm_head is one 2-D matmul: a broadcast matmul would make backward
+        // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
+        let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
         let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let tgt = targets.narrow(1, c0, n)?.contiguous()?.unsqueeze(2)?;
         parts.push(lsm.gather(&tgt, 2)?.squeeze(2)?);
@@ -289,7 +291,7 @@ pub fn score(
         .collect();
     let mask = Tensor::from_vec(mask, (pairs.len(), r_max), dev)?;
     let values = match &agent.value_head {
-        Some(vh) => Some(vh.forward(&pred)?),
+        Some(vh) => Some(vh.forward(&pred.contiguous()?)?),
         None => None,
     };
     Ok(Scored {
