@@ -717,3 +717,88 @@ fn response_logprobs_match_a_full_forward_and_do_not_depend_on_chunking() {
         }
     }
 }
+
+#[test]
+fn f16_padded_batches_stay_finite_and_close_to_f32() {
+    let (vm, base32) = random_base(LLAMA, 101);
+    let ts = vm
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().to_dtype(DType::F16).unwrap()))
+        .collect();
+    let cfg = Config::from_hf_json(LLAMA).unwrap();
+    let base16 = Base::new(&cfg, VarBuilder::from_tensors(ts, DType::F16, &Device::Cpu)).unwrap();
+    let x = to_tensor(&ids(2, 6, 120, 3));
+    // Row 1 has 4 padding positions, so its first query rows are fully masked.
+    let pads = [0, 4];
+    let h16 = base16.forward(&x, &pads, None, None, true).unwrap();
+    let l16 = base16.logits(&h16).unwrap();
+    let all: Vec<f32> = l16.flatten_all().unwrap().to_vec1().unwrap();
+    assert!(
+        all.iter().all(|v| v.is_finite()),
+        "f16 mask produced non-finite logits"
+    );
+    let l32 = base32
+        .logits(&base32.forward(&x, &pads, None, None, true).unwrap())
+        .unwrap();
+    let d = max_diff(
+        &l16.i((.., 4.., ..)).unwrap(),
+        &l32.i((.., 4.., ..)).unwrap(),
+    );
+    assert!(d < 0.1, "f16 vs f32 logits differ by {d}");
+}
+
+#[test]
+fn sliding_window_attends_to_the_last_window_positions_only() {
+    // One layer, window 3: the last position sees exactly the last 3 tokens (rope is relative),
+    // so it equals a run on those 3 tokens alone.
+    let json = MISTRAL
+        .replace("\"num_hidden_layers\":2", "\"num_hidden_layers\":1")
+        .replace("\"sliding_window\":null", "\"sliding_window\":3");
+    let (_vm, base) = random_base(&json, 111);
+    assert_eq!(base.config().sliding_window, Some(3));
+    let seq = ids(1, 8, 120, 4);
+    let full = base
+        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .unwrap();
+    let tail = vec![seq[0][5..].to_vec()];
+    let short = base
+        .forward(&to_tensor(&tail), &[0], None, None, false)
+        .unwrap();
+    let d = max_diff(&full.i((0, 7, ..)).unwrap(), &short.i((0, 2, ..)).unwrap());
+    assert!(
+        d < 1e-4,
+        "windowed last position differs from the 3-token run by {d}"
+    );
+    // And the window matters: without it the last position differs.
+    let (_vm2, open) = random_base(
+        &json.replace("\"sliding_window\":3", "\"sliding_window\":null"),
+        111,
+    );
+    let full_open = open
+        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .unwrap();
+    assert!(
+        max_diff(
+            &full_open.i((0, 7, ..)).unwrap(),
+            &short.i((0, 2, ..)).unwrap()
+        ) > 1e-3
+    );
+    // With the KV cache, decoding step by step applies the same window.
+    let mut cache = KvCache::new(1);
+    let mut last = None;
+    for &tok in &seq[0] {
+        let x = Tensor::from_vec(vec![tok], (1, 1), &Device::Cpu).unwrap();
+        last = Some(
+            base.forward(&x, &[0], Some(&mut cache), None, true)
+                .unwrap(),
+        );
+    }
+    let d = max_diff(
+        &last.unwrap().i((0, 0, ..)).unwrap(),
+        &short.i((0, 2, ..)).unwrap(),
+    );
+    assert!(d < 1e-4, "cached windowed decoding differs by {d}");
+}
