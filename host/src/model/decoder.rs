@@ -1,0 +1,577 @@
+//! One decoder for the llama family (Llama, Qwen2, Phi-3, Mistral, SmolLM2).
+//!
+//! Two paths share the weights: `fused = true` uses candle's fused softmax / rms_norm / rope
+//! kernels (fast, but they have no backward), `fused = false` uses differentiable ops for
+//! training. The forward pass returns final (normed) hidden states; `logits` applies lm_head.
+//! Batches are left padded: `pads[b]` leading positions of row b are padding, masked out by one
+//! additive causal + padding (+ sliding window) mask with a finite value.
+
+use super::config::{Act, Arch, Config, RopeScaling};
+use super::lora::Lora;
+use anyhow::{anyhow, Context, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{Module, VarBuilder};
+
+/// A linear layer a LoRA adapter can attach to, by its PEFT module name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    Q,
+    K,
+    V,
+    O,
+    Qkv,
+    Gate,
+    Up,
+    GateUp,
+    Down,
+}
+
+impl Target {
+    pub const ALL: [Target; 9] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Qkv,
+        Target::Gate,
+        Target::Up,
+        Target::GateUp,
+        Target::Down,
+    ];
+
+    /// The PEFT `target_modules` name.
+    pub fn peft_name(self) -> &'static str {
+        match self {
+            Target::Q => "q_proj",
+            Target::K => "k_proj",
+            Target::V => "v_proj",
+            Target::O => "o_proj",
+            Target::Qkv => "qkv_proj",
+            Target::Gate => "gate_proj",
+            Target::Up => "up_proj",
+            Target::GateUp => "gate_up_proj",
+            Target::Down => "down_proj",
+        }
+    }
+
+    /// The module path inside a decoder layer (`self_attn.q_proj`).
+    pub fn path(self) -> String {
+        let parent = match self {
+            Target::Q | Target::K | Target::V | Target::O | Target::Qkv => "self_attn",
+            _ => "mlp",
+        };
+        format!("{parent}.{}", self.peft_name())
+    }
+
+    pub fn from_peft_name(name: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.peft_name() == name)
+    }
+}
+
+/// Loads one tensor, with an error naming the tensor and both shapes.
+pub(crate) fn get(vb: &VarBuilder, shape: &[usize], name: &str) -> Result<Tensor> {
+    let full = if vb.prefix().is_empty() {
+        name.to_string()
+    } else {
+        format!("{}.{name}", vb.prefix())
+    };
+    vb.get(shape, name).map_err(|e| {
+        let mut inner = &e;
+        while let candle_core::Error::WithBacktrace { inner: i, .. }
+        | candle_core::Error::Context { inner: i, .. } = inner
+        {
+            inner = i;
+        }
+        match inner {
+            candle_core::Error::UnexpectedShape { got, .. } => {
+                anyhow!(
+                    "tensor `{full}`: expected shape {shape:?}, found {:?}",
+                    got.dims()
+                )
+            }
+            candle_core::Error::CannotFindTensor { .. } => {
+                anyhow!("tensor `{full}` (shape {shape:?}) is missing from the weights")
+            }
+            other => anyhow!("tensor `{full}` (expected shape {shape:?}): {other}"),
+        }
+    })
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Lin {
+    pub(crate) inner: candle_nn::Linear,
+}
+
+impl Lin {
+    fn load(vb: &VarBuilder, out_dim: usize, in_dim: usize, bias: bool, name: &str) -> Result<Lin> {
+        let vb = vb.pp(name);
+        let w = get(&vb, &[out_dim, in_dim], "weight")?;
+        let b = if bias {
+            Some(get(&vb, &[out_dim], "bias")?)
+        } else {
+            None
+        };
+        Ok(Lin {
+            inner: candle_nn::Linear::new(w, b),
+        })
+    }
+
+    pub(crate) fn weight(&self) -> &Tensor {
+        self.inner.weight()
+    }
+
+    fn fwd(&self, x: &Tensor, layer: usize, t: Target, lora: Option<&Lora>) -> Result<Tensor> {
+        let y = self.inner.forward(x)?;
+        match lora.and_then(|l| l.module(layer, t)) {
+            Some(m) => Ok((y + m.delta(x)?)?),
+            None => Ok(y),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Qkv {
+    Split { q: Lin, k: Lin, v: Lin },
+    Fused(Lin),
+}
+
+#[derive(Debug, Clone)]
+enum GateUp {
+    Split { gate: Lin, up: Lin },
+    Fused(Lin),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    qkv: Qkv,
+    o: Lin,
+    gate_up: GateUp,
+    down: Lin,
+    ln1: Tensor,
+    ln2: Tensor,
+}
+
+/// The frozen weights of a llama-family decoder. Cheap to share behind an `Arc`.
+#[derive(Debug, Clone)]
+pub struct Base {
+    cfg: Config,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: candle_nn::Linear,
+    cos: Tensor,
+    sin: Tensor,
+    dtype: DType,
+    device: Device,
+}
+
+/// Per-layer keys and values of a batch being generated.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    kvs: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> KvCache {
+        KvCache {
+            kvs: vec![None; num_layers],
+            len: 0,
+        }
+    }
+
+    /// Number of positions cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The finite additive mask value: large enough to zero a softmax weight, small enough to stay
+/// finite in the dtype (a fully masked padding row must not turn into NaN).
+pub(crate) fn mask_value(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => -65504.0,
+        _ => -1e9,
+    }
+}
+
+impl Base {
+    /// Builds the decoder from weights under Hugging Face names (`model.layers.0...`).
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Base> {
+        cfg.validate()?;
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let vm = vb.pp("model");
+        let embed = get(&vm, &[cfg.vocab_size, h], "embed_tokens.weight")?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let vl = vm.pp(format!("layers.{l}"));
+            let va = vl.pp("self_attn");
+            let vmlp = vl.pp("mlp");
+            let qkv = match cfg.arch {
+                Arch::Phi3 => Qkv::Fused(Lin::load(
+                    &va,
+                    (nh + 2 * nkv) * hd,
+                    h,
+                    cfg.qkv_bias,
+                    "qkv_proj",
+                )?),
+                _ => Qkv::Split {
+                    q: Lin::load(&va, nh * hd, h, cfg.qkv_bias, "q_proj")?,
+                    k: Lin::load(&va, nkv * hd, h, cfg.qkv_bias, "k_proj")?,
+                    v: Lin::load(&va, nkv * hd, h, cfg.qkv_bias, "v_proj")?,
+                },
+            };
+            let o = Lin::load(&va, h, nh * hd, cfg.o_bias, "o_proj")?;
+            let gate_up = match cfg.arch {
+                Arch::Phi3 => {
+                    GateUp::Fused(Lin::load(&vmlp, 2 * i, h, cfg.mlp_bias, "gate_up_proj")?)
+                }
+                _ => GateUp::Split {
+                    gate: Lin::load(&vmlp, i, h, cfg.mlp_bias, "gate_proj")?,
+                    up: Lin::load(&vmlp, i, h, cfg.mlp_bias, "up_proj")?,
+                },
+            };
+            let down = Lin::load(&vmlp, h, i, cfg.mlp_bias, "down_proj")?;
+            let ln1 = get(&vl, &[h], "input_layernorm.weight")?;
+            let ln2 = get(&vl, &[h], "post_attention_layernorm.weight")?;
+            layers.push(Layer {
+                qkv,
+                o,
+                gate_up,
+                down,
+                ln1,
+                ln2,
+            });
+        }
+        let norm = get(&vm, &[h], "norm.weight")?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            get(&vb, &[cfg.vocab_size, h], "lm_head.weight")?
+        };
+        let (cos, sin) = rope_tables(cfg, vb.device())?;
+        Ok(Base {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head: candle_nn::Linear::new(lm_head, None),
+            cos: cos.to_dtype(vb.dtype())?,
+            sin: sin.to_dtype(vb.dtype())?,
+            dtype: vb.dtype(),
+            device: vb.device().clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// The weight of one LoRA-able linear layer.
+    pub(crate) fn linear_weight(&self, layer: usize, t: Target) -> Option<&Tensor> {
+        let l = self.layers.get(layer)?;
+        let lin = match (t, &l.qkv, &l.gate_up) {
+            (Target::Q, Qkv::Split { q, .. }, _) => q,
+            (Target::K, Qkv::Split { k, .. }, _) => k,
+            (Target::V, Qkv::Split { v, .. }, _) => v,
+            (Target::Qkv, Qkv::Fused(x), _) => x,
+            (Target::O, _, _) => &l.o,
+            (Target::Gate, _, GateUp::Split { gate, .. }) => gate,
+            (Target::Up, _, GateUp::Split { up, .. }) => up,
+            (Target::GateUp, _, GateUp::Fused(x)) => x,
+            (Target::Down, _, _) => &l.down,
+            _ => return None,
+        };
+        Some(lin.weight())
+    }
+
+    /// A copy of this base with `w` replaced for one linear layer (used by LoRA merge).
+    pub(crate) fn with_linear_weight(&mut self, layer: usize, t: Target, w: Tensor) -> Result<()> {
+        let l = &mut self.layers[layer];
+        let lin = match (t, &mut l.qkv, &mut l.gate_up) {
+            (Target::Q, Qkv::Split { q, .. }, _) => q,
+            (Target::K, Qkv::Split { k, .. }, _) => k,
+            (Target::V, Qkv::Split { v, .. }, _) => v,
+            (Target::Qkv, Qkv::Fused(x), _) => x,
+            (Target::O, _, _) => &mut l.o,
+            (Target::Gate, _, GateUp::Split { gate, .. }) => gate,
+            (Target::Up, _, GateUp::Split { up, .. }) => up,
+            (Target::GateUp, _, GateUp::Fused(x)) => x,
+            (Target::Down, _, _) => &mut l.down,
+            _ => {
+                return Err(anyhow!(
+                    "this architecture has no `{}` layer",
+                    t.peft_name()
+                ))
+            }
+        };
+        let bias = lin.inner.bias().cloned();
+        lin.inner = candle_nn::Linear::new(w, bias);
+        Ok(())
+    }
+
+    /// Runs the decoder over `ids` (batch, seq) and returns the final normed hidden states
+    /// (batch, seq, hidden). `pads[b]` is the number of left-padding positions of row b
+    /// (counted from the start of the whole sequence, cache included). With a cache the new
+    /// positions follow the cached ones and are appended to it.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        pads: &[usize],
+        cache: Option<&mut KvCache>,
+        lora: Option<&Lora>,
+        fused: bool,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if pads.len() != b {
+            anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
+        }
+        let offset = cache.as_ref().map_or(0, |c| c.len);
+        if offset + t > self.cfg.max_position_embeddings {
+            anyhow::bail!(
+                "sequence of {} positions exceeds max_position_embeddings {}",
+                offset + t,
+                self.cfg.max_position_embeddings
+            );
+        }
+        let mask = self.mask(pads, t, offset)?;
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((
+            b,
+            t,
+            self.cfg.hidden_size,
+        ))?;
+        let mut cache = cache;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let kv = cache.as_deref_mut().map(|c| &mut c.kvs[li]);
+            let h = self.rms_norm(&x, &layer.ln1, fused)?;
+            let a = self.attention(&h, li, layer, kv, mask.as_ref(), &cos, &sin, lora, fused)?;
+            x = (x + a)?;
+            let h = self.rms_norm(&x, &layer.ln2, fused)?;
+            let m = self.mlp(&h, li, layer, lora)?;
+            x = (x + m)?;
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        self.rms_norm(&x, &self.norm, fused)
+    }
+
+    /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.lm_head.forward(hidden)?.to_dtype(DType::F32)?)
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, fused: bool) -> Result<Tensor> {
+        let eps = self.cfg.rms_norm_eps as f32;
+        Ok(if fused {
+            candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
+        } else {
+            candle_nn::ops::rms_norm_slow(x, w, eps)?
+        })
+    }
+
+    /// The additive (batch, 1, t, offset + t) mask, or None when nothing is masked.
+    fn mask(&self, pads: &[usize], t: usize, offset: usize) -> Result<Option<Tensor>> {
+        let kv = offset + t;
+        let window = self.cfg.sliding_window;
+        let windowed = window.is_some_and(|w| kv > w);
+        if t == 1 && pads.iter().all(|&p| p == 0) && !windowed {
+            return Ok(None);
+        }
+        let neg = mask_value(self.dtype) as f32;
+        let mut m = Vec::with_capacity(pads.len() * t * kv);
+        for &pad in pads {
+            for i in 0..t {
+                let p = offset + i;
+                for j in 0..kv {
+                    let masked = j > p || j < pad || window.is_some_and(|w| p - j.min(p) >= w);
+                    m.push(if masked { neg } else { 0.0 });
+                }
+            }
+        }
+        let m = Tensor::from_vec(m, (pads.len(), 1, t, kv), &self.device)?.to_dtype(self.dtype)?;
+        Ok(Some(m))
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
+        let rot = self.cfg.rotary_dim();
+        let hd = self.cfg.head_dim;
+        let apply = |x: &Tensor| -> Result<Tensor> {
+            Ok(if fused {
+                candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?
+            } else {
+                candle_nn::rotary_emb::rope_slow(x, cos, sin)?
+            })
+        };
+        if rot == hd {
+            apply(x)
+        } else {
+            let xr = apply(&x.narrow(D::Minus1, 0, rot)?)?;
+            let xp = x.narrow(D::Minus1, rot, hd - rot)?;
+            Ok(Tensor::cat(&[&xr, &xp], D::Minus1)?)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        x: &Tensor,
+        li: usize,
+        layer: &Layer,
+        kv: Option<&mut Option<(Tensor, Tensor)>>,
+        mask: Option<&Tensor>,
+        cos: &Tensor,
+        sin: &Tensor,
+        lora: Option<&Lora>,
+        fused: bool,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+        );
+        let (q, k, v) = match &layer.qkv {
+            Qkv::Split { q, k, v } => (
+                q.fwd(x, li, Target::Q, lora)?,
+                k.fwd(x, li, Target::K, lora)?,
+                v.fwd(x, li, Target::V, lora)?,
+            ),
+            Qkv::Fused(qkv) => {
+                let y = qkv.fwd(x, li, Target::Qkv, lora)?;
+                (
+                    y.narrow(D::Minus1, 0, nh * hd)?,
+                    y.narrow(D::Minus1, nh * hd, nkv * hd)?,
+                    y.narrow(D::Minus1, (nh + nkv) * hd, nkv * hd)?,
+                )
+            }
+        };
+        let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?;
+        let k = k.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
+        let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
+        let q = self.rope(&q, cos, sin, fused)?;
+        let k = self.rope(&k, cos, sin, fused)?;
+        let (k, v) = match kv {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                    None => (k.contiguous()?, v.contiguous()?),
+                };
+                *slot = Some((k.clone(), v.clone()));
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let k = repeat_kv(&k, nh / nkv)?.contiguous()?;
+        let v = repeat_kv(&v, nh / nkv)?.contiguous()?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut att = (q.contiguous()?.matmul(&k.t()?)? * scale)?;
+        if let Some(m) = mask {
+            att = att.broadcast_add(m)?;
+        }
+        let in_dtype = att.dtype();
+        let att32 = att.to_dtype(DType::F32)?;
+        let p = if fused {
+            candle_nn::ops::softmax_last_dim(&att32)?
+        } else {
+            candle_nn::ops::softmax(&att32, D::Minus1)?
+        };
+        let y = p.to_dtype(in_dtype)?.matmul(&v)?;
+        let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+        layer.o.fwd(&y, li, Target::O, lora)
+    }
+
+    fn mlp(&self, x: &Tensor, li: usize, layer: &Layer, lora: Option<&Lora>) -> Result<Tensor> {
+        let (g, u) = match &layer.gate_up {
+            GateUp::Split { gate, up } => (
+                gate.fwd(x, li, Target::Gate, lora)?,
+                up.fwd(x, li, Target::Up, lora)?,
+            ),
+            GateUp::Fused(gu) => {
+                let y = gu.fwd(x, li, Target::GateUp, lora)?;
+                let i = self.cfg.intermediate_size;
+                (y.narrow(D::Minus1, 0, i)?, y.narrow(D::Minus1, i, i)?)
+            }
+        };
+        let g = match self.cfg.hidden_act {
+            Act::Silu => g.silu()?,
+            Act::GeluTanh => g.gelu()?,
+            Act::Gelu => g.gelu_erf()?,
+        };
+        layer.down.fwd(&(g * u)?, li, Target::Down, lora)
+    }
+}
+
+fn repeat_kv(x: &Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(x.clone());
+    }
+    let (b, h, t, d) = x.dims4()?;
+    Ok(Tensor::cat(&vec![x; n], 2)?.reshape((b, h * n, t, d))?)
+}
+
+/// cos and sin tables (max_positions, rotary_dim / 2) in f32.
+fn rope_tables(cfg: &Config, dev: &Device) -> Result<(Tensor, Tensor)> {
+    let dim = cfg.rotary_dim();
+    let base: Vec<f32> = (0..dim)
+        .step_by(2)
+        .map(|i| 1f32 / (cfg.rope_theta as f32).powf(i as f32 / dim as f32))
+        .collect();
+    let inv_freq: Vec<f32> = match &cfg.rope_scaling {
+        RopeScaling::None => base,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let orig = *original_max_position_embeddings as f32;
+            let low_wavelen = orig / low_freq_factor;
+            let high_wavelen = orig / high_freq_factor;
+            base.into_iter()
+                .map(|freq| {
+                    let wavelen = 2.0 * std::f32::consts::PI / freq;
+                    if wavelen < high_wavelen {
+                        freq
+                    } else if wavelen > low_wavelen {
+                        freq / factor
+                    } else {
+                        let smooth = (orig / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * freq / factor + smooth * freq
+                    }
+                })
+                .collect()
+        }
+    };
+    let n = cfg.max_position_embeddings;
+    let inv = Tensor::from_vec(inv_freq, (1, dim / 2), dev)?;
+    let t = Tensor::arange(0u32, n as u32, dev)?
+        .to_dtype(DType::F32)?
+        .reshape((n, 1))?;
+    let freqs = t.matmul(&inv).context("rope tables")?;
+    Ok((freqs.cos()?, freqs.sin()?))
+}

@@ -1,0 +1,302 @@
+//! Seeded sampling, batched generation with a KV cache, and log-probs / values on response
+//! positions.
+
+use super::decoder::KvCache;
+use super::lora::Agent;
+use anyhow::{bail, Result};
+use candle_core::{DType, IndexOp, Tensor, D};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// How to pick the next token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f64,
+    /// Nucleus sampling threshold in (0, 1]; 1 disables it.
+    pub top_p: f64,
+    /// Keep only the k most likely tokens; 0 disables it.
+    pub top_k: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+/// A seeded sampler: the same seed and logits give the same tokens.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, seed: u64) -> Sampler {
+        Sampler {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    pub fn params(&self) -> SamplingParams {
+        self.params
+    }
+
+    /// Samples one token per row of `logits` (batch, vocab). Returns (token, log-prob) where
+    /// the log-prob is taken under the distribution sampled from (tempered, top-k / top-p
+    /// filtered, renormalised). Greedy decoding returns the model's own (temperature 1,
+    /// unfiltered) log-prob of the argmax, since its sampling distribution is a point mass.
+    pub fn sample(&mut self, logits: &Tensor) -> Result<Vec<(u32, f32)>> {
+        let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        Ok(rows.iter().map(|r| self.sample_row(r)).collect())
+    }
+
+    /// Samples for the rows where `active` is true (others get no draw and return None).
+    pub fn sample_masked(
+        &mut self,
+        logits: &Tensor,
+        active: &[bool],
+    ) -> Result<Vec<Option<(u32, f32)>>> {
+        let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        Ok(rows
+            .iter()
+            .zip(active)
+            .map(|(r, &a)| a.then(|| self.sample_row(r)))
+            .collect())
+    }
+
+    fn sample_row(&mut self, row: &[f32]) -> (u32, f32) {
+        let p = self.params;
+        if p.temperature <= 0.0 {
+            let (best, _) =
+                row.iter()
+                    .enumerate()
+                    .fold((0usize, f32::NEG_INFINITY), |acc, (i, &x)| {
+                        if x > acc.1 {
+                            (i, x)
+                        } else {
+                            acc
+                        }
+                    });
+            return (best as u32, row[best] - logsumexp(row.iter().copied()));
+        }
+        let t = p.temperature as f32;
+        let scaled: Vec<f32> = row.iter().map(|&x| x / t).collect();
+        // Candidate set in descending order when filtering, else the whole vocabulary.
+        let filtering = p.top_k > 0 || p.top_p < 1.0;
+        let mut idx: Vec<usize> = (0..scaled.len()).collect();
+        if filtering {
+            idx.sort_by(|&a, &b| scaled[b].total_cmp(&scaled[a]).then(a.cmp(&b)));
+            if p.top_k > 0 && p.top_k < idx.len() {
+                idx.truncate(p.top_k);
+            }
+            if p.top_p < 1.0 {
+                let lse = logsumexp(idx.iter().map(|&i| scaled[i]));
+                let mut cum = 0.0f64;
+                let mut keep = idx.len();
+                for (n, &i) in idx.iter().enumerate() {
+                    cum += ((scaled[i] - lse) as f64).exp();
+                    if cum >= p.top_p {
+                        keep = n + 1;
+                        break;
+                    }
+                }
+                idx.truncate(keep);
+            }
+        }
+        let lse = logsumexp(idx.iter().map(|&i| scaled[i]));
+        let u: f64 = self.rng.random::<f64>();
+        let mut cum = 0.0f64;
+        let mut chosen = *idx.last().unwrap();
+        for &i in &idx {
+            cum += ((scaled[i] - lse) as f64).exp();
+            if u < cum {
+                chosen = i;
+                break;
+            }
+        }
+        (chosen as u32, scaled[chosen] - lse)
+    }
+}
+
+fn logsumexp(xs: impl Iterator<Item = f32> + Clone) -> f32 {
+    let m = xs.clone().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    m + xs.map(|x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32
+}
+
+/// Limits and stop conditions for [`generate`].
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// Generation of a row ends after any of these (it is kept in the output).
+    pub stop_tokens: Vec<u32>,
+    /// Token used for left padding and for rows that have already stopped (never attended).
+    pub pad_token: u32,
+}
+
+/// One generated continuation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    /// Log-prob of each token under the distribution it was sampled from.
+    pub logprobs: Vec<f32>,
+    /// True when a stop token ended it (the stop token is the last token).
+    pub stopped: bool,
+}
+
+/// Left pads `seqs` to one length; returns the (batch, len) ids and each row's pad count.
+pub(crate) fn left_pad(
+    seqs: &[Vec<u32>],
+    pad: u32,
+    dev: &candle_core::Device,
+) -> Result<(Tensor, Vec<usize>)> {
+    let len = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(seqs.len() * len);
+    let mut pads = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        pads.push(len - s.len());
+        ids.extend(std::iter::repeat_n(pad, len - s.len()));
+        ids.extend_from_slice(s);
+    }
+    Ok((Tensor::from_vec(ids, (seqs.len(), len), dev)?, pads))
+}
+
+/// Batched generation (left padding, KV cache, fused kernels) with `agent`'s adapter.
+pub fn generate(
+    agent: &Agent,
+    prompts: &[Vec<u32>],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+) -> Result<Vec<Generation>> {
+    if prompts.is_empty() {
+        return Ok(vec![]);
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        bail!("generate: empty prompt");
+    }
+    let base = &agent.base;
+    let (ids, pads) = left_pad(prompts, opts.pad_token, base.device())?;
+    let mut cache = KvCache::new(base.config().num_hidden_layers);
+    let mut out: Vec<Generation> = prompts
+        .iter()
+        .map(|_| Generation {
+            tokens: vec![],
+            logprobs: vec![],
+            stopped: false,
+        })
+        .collect();
+    let mut input = ids;
+    for _ in 0..opts.max_new_tokens {
+        let active: Vec<bool> = out.iter().map(|g| !g.stopped).collect();
+        if !active.iter().any(|&a| a) {
+            break;
+        }
+        let hidden = agent.forward(&input, &pads, Some(&mut cache), true)?;
+        let t = hidden.dim(1)?;
+        let last = hidden.i((.., t - 1, ..))?.contiguous()?;
+        let logits = base.logits(&last)?;
+        let picks = sampler.sample_masked(&logits, &active)?;
+        let mut next = Vec::with_capacity(out.len());
+        for (g, pick) in out.iter_mut().zip(picks) {
+            match pick {
+                Some((tok, lp)) => {
+                    g.tokens.push(tok);
+                    g.logprobs.push(lp);
+                    g.stopped = opts.stop_tokens.contains(&tok);
+                    next.push(tok);
+                }
+                None => next.push(opts.pad_token),
+            }
+        }
+        input = Tensor::from_vec(next, (out.len(), 1), base.device())?;
+    }
+    Ok(out)
+}
+
+/// Per-token log-probs (and values) of responses given prompts, on response positions only.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    /// (batch, R) log-probs of each response token; R is the longest response. Responses are
+    /// right aligned: row b's tokens are its last `len_b` entries.
+    pub logprobs: Tensor,
+    /// (batch, R) values from the agent's value head at the position predicting each token.
+    pub values: Option<Tensor>,
+    /// (batch, R) 1.0 on real response tokens, 0.0 elsewhere.
+    pub mask: Tensor,
+}
+
+/// Scores `(prompt, response)` pairs with `agent`: lm_head runs only over response positions, in
+/// chunks of `chunk` positions, so vocab-sized logits never cover whole sequences. Use
+/// `fused = false` for a differentiable result.
+pub fn score(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    fused: bool,
+    chunk: usize,
+) -> Result<Scored> {
+    if pairs.is_empty() {
+        bail!("score: empty batch");
+    }
+    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
+        bail!("score: every pair needs a non-empty prompt and response");
+    }
+    let base = &agent.base;
+    let dev = base.device();
+    let seqs: Vec<Vec<u32>> = pairs
+        .iter()
+        .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
+        .collect();
+    let (ids, pads) = left_pad(&seqs, 0, dev)?;
+    let len = ids.dim(1)?;
+    let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap();
+    let hidden = agent.forward(&ids, &pads, None, fused)?;
+    // Hidden state at position j predicts token j + 1.
+    let pred = hidden.narrow(1, len - 1 - r_max, r_max)?;
+    let targets = ids.narrow(1, len - r_max, r_max)?;
+    let chunk = chunk.max(1);
+    let mut parts = Vec::new();
+    let mut c0 = 0;
+    while c0 < r_max {
+        let n = chunk.min(r_max - c0);
+        // Contiguous, so lm_head is one 2-D matmul: a broadcast matmul would make backward
+        // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
+        let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
+        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let tgt = targets.narrow(1, c0, n)?.contiguous()?.unsqueeze(2)?;
+        parts.push(lsm.gather(&tgt, 2)?.squeeze(2)?);
+        c0 += n;
+    }
+    let logprobs = Tensor::cat(&parts, 1)?;
+    let mask: Vec<f32> = pairs
+        .iter()
+        .flat_map(|(_, r)| (0..r_max).map(move |k| if k >= r_max - r.len() { 1.0 } else { 0.0 }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (pairs.len(), r_max), dev)?;
+    let values = match &agent.value_head {
+        Some(vh) => Some(vh.forward(&pred.contiguous()?)?),
+        None => None,
+    };
+    Ok(Scored {
+        logprobs,
+        values,
+        mask,
+    })
+}

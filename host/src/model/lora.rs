@@ -1,0 +1,408 @@
+//! LoRA adapters (PEFT-compatible files), value heads, and agents sharing one frozen base.
+
+use super::decoder::{Base, KvCache, Target};
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Which layers get an adapter and how large it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub r: usize,
+    pub alpha: f64,
+    /// PEFT module names: q_proj, k_proj, v_proj, o_proj, qkv_proj, gate_proj, up_proj,
+    /// gate_up_proj, down_proj.
+    pub target_modules: Vec<String>,
+}
+
+impl LoraConfig {
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.r as f64
+    }
+}
+
+/// One adapted linear layer: y = W x + scale * B (A x).
+#[derive(Debug, Clone)]
+pub(crate) struct LoraModule {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+}
+
+impl LoraModule {
+    pub(crate) fn delta(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let in_dim = *dims.last().unwrap();
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.reshape((rows, in_dim))?;
+        let y = x2.matmul(&self.a.t()?)?.matmul(&self.b.t()?)?;
+        let mut out = dims;
+        *out.last_mut().unwrap() = self.b.dim(0)?;
+        Ok((y * self.scale)?.reshape(out)?)
+    }
+}
+
+/// A LoRA adapter over a base's linear layers. Its tensors are `Var`s (trainable).
+pub struct Lora {
+    cfg: LoraConfig,
+    varmap: VarMap,
+    modules: BTreeMap<(usize, Target), LoraModule>,
+}
+
+fn peft_key(layer: usize, t: Target, ab: &str) -> String {
+    format!(
+        "base_model.model.model.layers.{layer}.{}.lora_{ab}.weight",
+        t.path()
+    )
+}
+
+fn targets(cfg: &LoraConfig) -> Result<Vec<Target>> {
+    cfg.target_modules
+        .iter()
+        .map(|n| {
+            Target::from_peft_name(n).ok_or_else(|| {
+                let known: Vec<&str> = Target::ALL.iter().map(|t| t.peft_name()).collect();
+                anyhow!(
+                    "unknown LoRA target module `{n}`; known: {}",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+impl Lora {
+    /// A fresh adapter: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's default), B = 0, so the adapted
+    /// model starts equal to the base. Seeded.
+    pub fn new(base: &Base, cfg: LoraConfig, seed: u64) -> Result<Lora> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let ts = targets(&cfg)?;
+        let varmap = VarMap::new();
+        let mut modules = BTreeMap::new();
+        for t in &ts {
+            let mut found = false;
+            for l in 0..base.layers().len() {
+                let Some(w) = base.linear_weight(l, *t) else {
+                    continue;
+                };
+                found = true;
+                let (out_dim, in_dim) = w.dims2()?;
+                let bound = 1.0 / (in_dim as f32).sqrt();
+                let a: Vec<f32> = (0..cfg.r * in_dim)
+                    .map(|_| rng.random_range(-bound..bound))
+                    .collect();
+                let a =
+                    Tensor::from_vec(a, (cfg.r, in_dim), base.device())?.to_dtype(base.dtype())?;
+                let b = Tensor::zeros((out_dim, cfg.r), base.dtype(), base.device())?;
+                let m = Self::register(&varmap, l, *t, a, b, cfg.scale())?;
+                modules.insert((l, *t), m);
+            }
+            if !found {
+                bail!(
+                    "LoRA target `{}` matches no layer of this {:?} model",
+                    t.peft_name(),
+                    base.config().arch
+                );
+            }
+        }
+        Ok(Lora {
+            cfg,
+            varmap,
+            modules,
+        })
+    }
+
+    fn register(
+        varmap: &VarMap,
+        l: usize,
+        t: Target,
+        a: Tensor,
+        b: Tensor,
+        scale: f64,
+    ) -> Result<LoraModule> {
+        let va = Var::from_tensor(&a)?;
+        let vb = Var::from_tensor(&b)?;
+        let mut data = varmap.data().lock().unwrap();
+        data.insert(peft_key(l, t, "A"), va.clone());
+        data.insert(peft_key(l, t, "B"), vb.clone());
+        Ok(LoraModule {
+            a: va.as_tensor().clone(),
+            b: vb.as_tensor().clone(),
+            scale,
+        })
+    }
+
+    pub fn config(&self) -> &LoraConfig {
+        &self.cfg
+    }
+
+    pub(crate) fn module(&self, layer: usize, t: Target) -> Option<&LoraModule> {
+        self.modules.get(&(layer, t))
+    }
+
+    /// The trainable tensors.
+    pub fn vars(&self) -> Vec<Var> {
+        self.varmap.all_vars()
+    }
+
+    /// Named trainable tensors (PEFT key names).
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        let data = self.varmap.data().lock().unwrap();
+        let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Writes `adapter_model.safetensors` and `adapter_config.json` into `dir` (PEFT layout).
+    pub fn save(&self, dir: &Path, base_model_name: &str) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tensors: HashMap<String, Tensor> = self
+            .named_vars()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_tensor().clone()))
+            .collect();
+        let st = dir.join("adapter_model.safetensors");
+        candle_core::safetensors::save(&tensors, &st)
+            .with_context(|| format!("writing {}", st.display()))?;
+        let conf = json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base_model_name,
+            "r": self.cfg.r,
+            "lora_alpha": self.cfg.alpha,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "inference_mode": true,
+            "use_rslora": false,
+            "target_modules": self.cfg.target_modules,
+        });
+        let cp = dir.join("adapter_config.json");
+        std::fs::write(&cp, serde_json::to_string_pretty(&conf)?)
+            .with_context(|| format!("writing {}", cp.display()))?;
+        Ok(())
+    }
+
+    /// Reads a PEFT adapter folder for `base`, converting tensors to the base's dtype.
+    pub fn load(dir: &Path, base: &Base) -> Result<Lora> {
+        let cp = dir.join("adapter_config.json");
+        let text = std::fs::read_to_string(&cp)
+            .with_context(|| format!("missing file {}", cp.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", cp.display()))?;
+        let r = v
+            .get("r")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("{}: missing `r`", cp.display()))? as usize;
+        let alpha = v
+            .get("lora_alpha")
+            .and_then(Value::as_f64)
+            .unwrap_or(r as f64);
+        let target_modules: Vec<String> = match v.get("target_modules") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect(),
+            Some(Value::String(s)) => bail!(
+                "{}: target_modules as a regex (`{s}`) is not supported; list the modules",
+                cp.display()
+            ),
+            _ => bail!("{}: missing `target_modules`", cp.display()),
+        };
+        let rslora = v
+            .get("use_rslora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let scale = if rslora {
+            alpha / (r as f64).sqrt()
+        } else {
+            alpha / r as f64
+        };
+        let cfg = LoraConfig {
+            r,
+            alpha,
+            target_modules,
+        };
+        let ts = targets(&cfg)?;
+        let st = dir.join("adapter_model.safetensors");
+        if !st.exists() {
+            bail!("missing file {}", st.display());
+        }
+        let file = candle_core::safetensors::load(&st, base.device())
+            .with_context(|| format!("reading {}", st.display()))?;
+        let varmap = VarMap::new();
+        let mut modules = BTreeMap::new();
+        for t in ts {
+            for l in 0..base.layers().len() {
+                let Some(w) = base.linear_weight(l, t) else {
+                    continue;
+                };
+                let (out_dim, in_dim) = w.dims2()?;
+                let fetch = |ab: &str, shape: [usize; 2]| -> Result<Tensor> {
+                    let key = peft_key(l, t, ab);
+                    let x = file
+                        .get(&key)
+                        .ok_or_else(|| anyhow!("tensor `{key}` not found in {}", st.display()))?;
+                    if x.dims() != shape {
+                        bail!(
+                            "tensor `{key}`: expected shape {shape:?}, found {:?}",
+                            x.dims()
+                        );
+                    }
+                    Ok(x.to_dtype(base.dtype())?)
+                };
+                let a = fetch("A", [r, in_dim])?;
+                let b = fetch("B", [out_dim, r])?;
+                modules.insert((l, t), Self::register(&varmap, l, t, a, b, scale)?);
+            }
+        }
+        Ok(Lora {
+            cfg,
+            varmap,
+            modules,
+        })
+    }
+
+    /// A new base with every adapted weight replaced by W + scale * B A.
+    pub fn merge(&self, base: &Base) -> Result<Base> {
+        let mut merged = base.clone();
+        for ((l, t), m) in &self.modules {
+            let w = base
+                .linear_weight(*l, *t)
+                .ok_or_else(|| anyhow!("no `{}` in layer {l}", t.peft_name()))?;
+            let delta = (m.b.matmul(&m.a)? * m.scale)?;
+            merged.with_linear_weight(*l, *t, (w + delta.to_dtype(w.dtype())?)?)?;
+        }
+        Ok(merged)
+    }
+}
+
+/// A scalar value estimate per position: Linear(hidden -> 1) on the final hidden states.
+pub struct ValueHead {
+    varmap: VarMap,
+    weight: Tensor,
+    bias: Tensor,
+}
+
+const VH_W: &str = "v_head.summary.weight";
+const VH_B: &str = "v_head.summary.bias";
+
+impl ValueHead {
+    /// A fresh head, weights ~ N(0, 1/hidden) approximated by a seeded uniform, bias 0.
+    pub fn new(hidden: usize, dtype: DType, dev: &Device, seed: u64) -> Result<ValueHead> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let bound = (3.0 / hidden as f32).sqrt() * 0.1;
+        let w: Vec<f32> = (0..hidden)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        let w = Tensor::from_vec(w, (1, hidden), dev)?.to_dtype(dtype)?;
+        let b = Tensor::zeros(1, dtype, dev)?;
+        Self::from_tensors(w, b)
+    }
+
+    fn from_tensors(w: Tensor, b: Tensor) -> Result<ValueHead> {
+        let varmap = VarMap::new();
+        let vw = Var::from_tensor(&w)?;
+        let vb = Var::from_tensor(&b)?;
+        {
+            let mut d = varmap.data().lock().unwrap();
+            d.insert(VH_W.into(), vw.clone());
+            d.insert(VH_B.into(), vb.clone());
+        }
+        Ok(ValueHead {
+            varmap,
+            weight: vw.as_tensor().clone(),
+            bias: vb.as_tensor().clone(),
+        })
+    }
+
+    /// hidden (..., h) -> values (...), in f32.
+    pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
+        let lin = candle_nn::Linear::new(self.weight.clone(), Some(self.bias.clone()));
+        let y = candle_nn::Module::forward(&lin, hidden)?;
+        Ok(y.squeeze(candle_core::D::Minus1)?.to_dtype(DType::F32)?)
+    }
+
+    pub fn vars(&self) -> Vec<Var> {
+        self.varmap.all_vars()
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let t: HashMap<String, Tensor> = [
+            (VH_W.to_string(), self.weight.clone()),
+            (VH_B.to_string(), self.bias.clone()),
+        ]
+        .into();
+        candle_core::safetensors::save(&t, path)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn load(path: &Path, hidden: usize, dtype: DType, dev: &Device) -> Result<ValueHead> {
+        if !path.exists() {
+            bail!("missing file {}", path.display());
+        }
+        let f = candle_core::safetensors::load(path, dev)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let get = |k: &str, shape: &[usize]| -> Result<Tensor> {
+            let x = f
+                .get(k)
+                .ok_or_else(|| anyhow!("tensor `{k}` not found in {}", path.display()))?;
+            if x.dims() != shape {
+                bail!(
+                    "tensor `{k}`: expected shape {shape:?}, found {:?}",
+                    x.dims()
+                );
+            }
+            Ok(x.to_dtype(dtype)?)
+        };
+        Self::from_tensors(get(VH_W, &[1, hidden])?, get(VH_B, &[1])?)
+    }
+}
+
+/// One agent: a shared frozen base plus its own adapter and value head.
+pub struct Agent {
+    pub base: Arc<Base>,
+    pub lora: Option<Lora>,
+    pub value_head: Option<ValueHead>,
+}
+
+impl Agent {
+    pub fn new(base: Arc<Base>) -> Agent {
+        Agent {
+            base,
+            lora: None,
+            value_head: None,
+        }
+    }
+
+    /// Hidden states for `ids` with this agent's adapter.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        pads: &[usize],
+        cache: Option<&mut KvCache>,
+        fused: bool,
+    ) -> Result<Tensor> {
+        self.base
+            .forward(ids, pads, cache, self.lora.as_ref(), fused)
+    }
+
+    /// Everything this agent trains (adapter and value head); the base is frozen.
+    pub fn trainable_vars(&self) -> Vec<Var> {
+        let mut v = self.lora.as_ref().map(Lora::vars).unwrap_or_default();
+        v.extend(
+            self.value_head
+                .as_ref()
+                .map(ValueHead::vars)
+                .unwrap_or_default(),
+        );
+        v
+    }
+}

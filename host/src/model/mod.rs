@@ -1,0 +1,20 @@
+//! LLM agents on candle: one decoder for the llama family (Llama 2/3, Qwen2/2.5, Phi-3,
+//! Mistral, SmolLM2), loading from Hugging Face folders and GGUF files, tokenizers and chat
+//! templates, seeded sampling, batched generation with a KV cache, log-probs and values on
+//! response positions, LoRA adapters and value heads over a shared frozen base.
+//!
+//! Device-generic: every entry point takes the `Device` (CPU, or CUDA with the `cuda` feature).
+
+mod chat;
+mod config;
+mod decoder;
+mod generate;
+mod load;
+mod lora;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Act, Arch, Config, RopeScaling};
+pub use decoder::{Base, KvCache, Target};
+pub use generate::{generate, score, GenerateOptions, Generation, Sampler, SamplingParams, Scored};
+pub use load::{load, Loaded};
+pub use lora::{Agent, Lora, LoraConfig, ValueHead};

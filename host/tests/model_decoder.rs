@@ -1,0 +1,804 @@
+//! The decoder against candle-transformers' own implementations (same random weights), left
+//! padding, gradients, LoRA, value heads, sampling and response scoring.
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use candle_nn::{VarBuilder, VarMap};
+use candle_transformers::models as ct;
+use maporl::model::{
+    generate, score, Agent, Base, Config, GenerateOptions, KvCache, Lora, LoraConfig, Sampler,
+    SamplingParams, ValueHead,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+
+const LLAMA: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":120,
+  "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":128,"tie_word_embeddings":false,
+  "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+                  "original_max_position_embeddings":16,"rope_type":"llama3"}}"#;
+const QWEN2: &str = r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":120,
+  "rms_norm_eps":1e-6,"rope_theta":1000000.0,"max_position_embeddings":128,"sliding_window":128,
+  "max_window_layers":2,"use_sliding_window":false,"tie_word_embeddings":true,"hidden_act":"silu"}"#;
+const PHI3: &str = r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":4,"vocab_size":120,
+  "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":128,"hidden_act":"silu",
+  "partial_rotary_factor":0.5,"tie_word_embeddings":false,"rope_scaling":null}"#;
+const MISTRAL: &str = r#"{"architectures":["MistralForCausalLM"],"hidden_size":64,"intermediate_size":96,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":24,"vocab_size":120,
+  "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":128,"sliding_window":null,
+  "hidden_act":"silu","tie_word_embeddings":false}"#;
+
+/// Overwrites every var with seeded random values of a sensible scale.
+fn randomize(varmap: &VarMap, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let data = varmap.data().lock().unwrap();
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    for name in names {
+        let var = &data[name];
+        let n = var.elem_count();
+        let dims = var.dims().to_vec();
+        let vals: Vec<f32> = if name.contains("norm") {
+            (0..n).map(|_| 1.0 + rng.random_range(-0.3..0.3)).collect()
+        } else if name.contains("embed") {
+            (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+        } else {
+            let s = 1.5 / (*dims.last().unwrap() as f32).sqrt();
+            (0..n).map(|_| rng.random_range(-s..s)).collect()
+        };
+        let t = Tensor::from_vec(vals, dims, &Device::Cpu)
+            .unwrap()
+            .to_dtype(var.dtype())
+            .unwrap();
+        var.set(&t).unwrap();
+    }
+}
+
+fn ids(b: usize, t: usize, vocab: u32, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..b)
+        .map(|_| (0..t).map(|_| rng.random_range(0..vocab)).collect())
+        .collect()
+}
+
+fn to_tensor(rows: &[Vec<u32>]) -> Tensor {
+    let t = rows[0].len();
+    Tensor::from_vec(rows.concat(), (rows.len(), t), &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// Our last-position logits for a prefill of `prompt` and `steps` single-token steps, with the
+/// KV cache (fused) and by full recomputation (differentiable path).
+fn ours(base: &Base, prompt: &[Vec<u32>], steps: &[Vec<u32>], fused: bool) -> Vec<Tensor> {
+    let b = prompt.len();
+    let pads = vec![0; b];
+    let mut out = vec![];
+    if fused {
+        let mut cache = KvCache::new(base.config().num_hidden_layers);
+        let h = base
+            .forward(&to_tensor(prompt), &pads, Some(&mut cache), None, true)
+            .unwrap();
+        let t = h.dim(1).unwrap();
+        out.push(base.logits(&h.i((.., t - 1, ..)).unwrap()).unwrap());
+        for s in steps {
+            let x = Tensor::from_vec(s.clone(), (b, 1), &Device::Cpu).unwrap();
+            let h = base
+                .forward(&x, &pads, Some(&mut cache), None, true)
+                .unwrap();
+            out.push(base.logits(&h.i((.., 0, ..)).unwrap()).unwrap());
+        }
+    } else {
+        let mut seq: Vec<Vec<u32>> = prompt.to_vec();
+        for k in 0..=steps.len() {
+            let h = base
+                .forward(&to_tensor(&seq), &pads, None, None, false)
+                .unwrap();
+            let t = h.dim(1).unwrap();
+            out.push(base.logits(&h.i((.., t - 1, ..)).unwrap()).unwrap());
+            if k < steps.len() {
+                for (row, s) in seq.iter_mut().zip(&steps[k]) {
+                    row.push(*s);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Compares ours against a reference that returns (b, V) or (b, 1, V) last logits per call.
+fn check_family(
+    json: &str,
+    mut reference: impl FnMut(&Tensor, usize) -> Tensor,
+    base: &Base,
+) -> f32 {
+    let _ = json;
+    let prompt = ids(2, 7, 120, 1);
+    let steps: Vec<Vec<u32>> = ids(3, 2, 120, 2);
+    let mut refs = vec![];
+    refs.push(reference(&to_tensor(&prompt), 0));
+    for (k, s) in steps.iter().enumerate() {
+        refs.push(reference(
+            &Tensor::from_vec(s.clone(), (2, 1), &Device::Cpu).unwrap(),
+            7 + k,
+        ));
+    }
+    let refs: Vec<Tensor> = refs
+        .into_iter()
+        .map(|r| r.reshape((2, 120)).unwrap())
+        .collect();
+    let mut worst = 0f32;
+    for fused in [true, false] {
+        let mine = ours(base, &prompt, &steps, fused);
+        for (a, b) in mine.iter().zip(&refs) {
+            worst = worst.max(max_diff(a, b));
+        }
+    }
+    worst
+}
+
+fn build(json: &str, varmap: &VarMap) -> Base {
+    let cfg = Config::from_hf_json(json).unwrap();
+    Base::new(
+        &cfg,
+        VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap()
+}
+
+#[test]
+fn llama_logits_match_candle_transformers() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let lc: ct::llama::LlamaConfig = serde_json::from_str(LLAMA).unwrap();
+    let lc = lc.into_config(false);
+    let reference = ct::llama::Llama::load(vb, &lc).unwrap();
+    randomize(&varmap, 11);
+    let mut cache = ct::llama::Cache::new(true, DType::F32, &lc, &dev).unwrap();
+    let base = build(LLAMA, &varmap);
+    let d = check_family(
+        LLAMA,
+        |x, pos| reference.forward(x, pos, &mut cache).unwrap(),
+        &base,
+    );
+    println!("llama max |logit diff| = {d:e}");
+    assert!(d < 1e-4, "llama max logit diff {d}");
+}
+
+#[test]
+fn qwen2_logits_match_candle_transformers() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let qc: ct::qwen2::Config = serde_json::from_str(QWEN2).unwrap();
+    let mut reference = ct::qwen2::ModelForCausalLM::new(&qc, vb).unwrap();
+    randomize(&varmap, 12);
+    let base = build(QWEN2, &varmap);
+    assert!(varmap
+        .data()
+        .lock()
+        .unwrap()
+        .keys()
+        .any(|k| k.ends_with("q_proj.bias")));
+    let d = check_family(QWEN2, |x, pos| reference.forward(x, pos).unwrap(), &base);
+    println!("qwen2 max |logit diff| = {d:e}");
+    assert!(d < 1e-4, "qwen2 max logit diff {d}");
+}
+
+#[test]
+fn phi3_logits_match_candle_transformers() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let pc: ct::phi3::Config = serde_json::from_str(PHI3).unwrap();
+    let mut reference = ct::phi3::Model::new(&pc, vb).unwrap();
+    randomize(&varmap, 13);
+    let base = build(PHI3, &varmap);
+    let d = check_family(PHI3, |x, pos| reference.forward(x, pos).unwrap(), &base);
+    println!("phi3 max |logit diff| = {d:e}");
+    assert!(d < 1e-4, "phi3 max logit diff {d}");
+}
+
+#[test]
+fn mistral_logits_match_candle_transformers() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let mc: ct::mistral::Config = serde_json::from_str(MISTRAL).unwrap();
+    let mut reference = ct::mistral::Model::new(&mc, vb).unwrap();
+    randomize(&varmap, 14);
+    let base = build(MISTRAL, &varmap);
+    let d = check_family(MISTRAL, |x, pos| reference.forward(x, pos).unwrap(), &base);
+    println!("mistral max |logit diff| = {d:e}");
+    assert!(d < 1e-4, "mistral max logit diff {d}");
+}
+
+fn random_base(json: &str, seed: u64) -> (VarMap, Base) {
+    let varmap = VarMap::new();
+    let cfg = Config::from_hf_json(json).unwrap();
+    let _ = Base::new(
+        &cfg,
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    randomize(&varmap, seed);
+    let base = build(json, &varmap);
+    (varmap, base)
+}
+
+/// A frozen base: the same weights as plain tensors (no Var), as a loaded checkpoint has.
+fn frozen(json: &str, varmap: &VarMap) -> Base {
+    let ts = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().copy().unwrap()))
+        .collect();
+    let cfg = Config::from_hf_json(json).unwrap();
+    Base::new(&cfg, VarBuilder::from_tensors(ts, DType::F32, &Device::Cpu)).unwrap()
+}
+
+#[test]
+fn left_padded_batch_equals_unbatched_runs() {
+    for json in [LLAMA, QWEN2, PHI3] {
+        let (_vm, base) = random_base(json, 21);
+        let prompts: Vec<Vec<u32>> = [3usize, 7, 5]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| ids(1, n, 120, 30 + i as u64)[0].clone())
+            .collect();
+        let len = 7;
+        let pads: Vec<usize> = prompts.iter().map(|p| len - p.len()).collect();
+        let padded: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| [vec![0; len - p.len()], p.clone()].concat())
+            .collect();
+        for fused in [true, false] {
+            let h = base
+                .forward(&to_tensor(&padded), &pads, None, None, fused)
+                .unwrap();
+            for (b, p) in prompts.iter().enumerate() {
+                let single = base
+                    .forward(&to_tensor(std::slice::from_ref(p)), &[0], None, None, fused)
+                    .unwrap();
+                // Every real position of the row matches the unpadded run.
+                let mine = h.i((b, pads[b].., ..)).unwrap();
+                let d = max_diff(&mine, &single.i(0).unwrap());
+                assert!(d < 1e-4, "row {b} fused={fused}: max diff {d}");
+                let hd = h
+                    .i((b, .., ..))
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                assert!(
+                    hd.iter().all(|x| x.is_finite()),
+                    "padding produced non-finite values"
+                );
+            }
+        }
+        // Batched greedy generation with the cache equals per-prompt generation.
+        let agent = Agent::new(Arc::new(base));
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            stop_tokens: vec![],
+            pad_token: 0,
+        };
+        let batched = generate(
+            &agent,
+            &prompts,
+            &mut Sampler::new(SamplingParams::greedy(), 0),
+            &opts,
+        )
+        .unwrap();
+        for (p, g) in prompts.iter().zip(&batched) {
+            let one = generate(
+                &agent,
+                std::slice::from_ref(p),
+                &mut Sampler::new(SamplingParams::greedy(), 0),
+                &opts,
+            )
+            .unwrap();
+            assert_eq!(one[0].tokens, g.tokens);
+            for (a, b) in one[0].logprobs.iter().zip(&g.logprobs) {
+                assert!((a - b).abs() < 1e-4, "greedy logprob {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_var_gets_a_gradient_on_the_differentiable_path() {
+    for json in [LLAMA, QWEN2, PHI3, MISTRAL] {
+        let (varmap, base) = random_base(json, 31);
+        let prompts = ids(2, 6, 120, 5);
+        let h = base
+            .forward(&to_tensor(&prompts), &[0, 2], None, None, false)
+            .unwrap();
+        let logits = base.logits(&h).unwrap();
+        let w = Tensor::from_vec(
+            (0..logits.elem_count())
+                .map(|i| ((i * 7919) % 13) as f32 / 13.0 - 0.5)
+                .collect::<Vec<_>>(),
+            logits.dims(),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let loss = (logits * w).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        let mut missing = vec![];
+        for (name, var) in data.iter() {
+            let ok = grads
+                .get(var.as_tensor())
+                .map(|g| {
+                    g.abs()
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap()
+                        > 0.0
+                })
+                .unwrap_or(false);
+            if !ok {
+                missing.push(name.clone());
+            }
+        }
+        println!(
+            "{}: {} of {} vars have non-zero gradients",
+            &json[19..40],
+            data.len() - missing.len(),
+            data.len()
+        );
+        assert!(missing.is_empty(), "no gradient for {missing:?}");
+    }
+}
+
+fn lora_cfg(targets: &[&str]) -> LoraConfig {
+    LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        target_modules: targets.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn randomize_lora(lora: &Lora, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for (_, v) in lora.named_vars() {
+        let vals: Vec<f32> = (0..v.elem_count())
+            .map(|_| rng.random_range(-0.2..0.2))
+            .collect();
+        v.set(&Tensor::from_vec(vals, v.dims(), &Device::Cpu).unwrap())
+            .unwrap();
+    }
+}
+
+#[test]
+fn lora_zero_b_equals_base_and_merge_equals_lora_forward() {
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    for (json, targets) in [
+        (LLAMA, &all[..]),
+        (QWEN2, &all[..]),
+        (
+            PHI3,
+            &["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][..],
+        ),
+    ] {
+        let (vm, _) = random_base(json, 41);
+        let base = frozen(json, &vm);
+        let x = to_tensor(&ids(2, 5, 120, 6));
+        let plain = base.forward(&x, &[0, 1], None, None, true).unwrap();
+        let lora = Lora::new(&base, lora_cfg(targets), 1).unwrap();
+        let with = base.forward(&x, &[0, 1], None, Some(&lora), true).unwrap();
+        assert_eq!(
+            max_diff(&plain, &with),
+            0.0,
+            "B = 0 must leave the output unchanged"
+        );
+        randomize_lora(&lora, 2);
+        let with = base.forward(&x, &[0, 1], None, Some(&lora), true).unwrap();
+        assert!(
+            max_diff(&plain, &with) > 1e-3,
+            "a non-zero adapter must change the output"
+        );
+        let merged = lora.merge(&base).unwrap();
+        let m = merged.forward(&x, &[0, 1], None, None, true).unwrap();
+        let d = max_diff(&m, &with);
+        println!("merge vs LoRA forward: max diff {d:e}");
+        assert!(d < 1e-4, "merge differs from the LoRA forward by {d}");
+        // The base itself is untouched by merge.
+        assert_eq!(
+            max_diff(
+                &plain,
+                &base.forward(&x, &[0, 1], None, None, true).unwrap()
+            ),
+            0.0
+        );
+    }
+}
+
+#[test]
+fn unknown_lora_target_is_refused() {
+    let (vm, _) = random_base(PHI3, 1);
+    let base = frozen(PHI3, &vm);
+    let e = Lora::new(&base, lora_cfg(&["q_proj"]), 0)
+        .err()
+        .expect("q_proj is not a Phi-3 module");
+    assert!(format!("{e:#}").contains("q_proj"), "{e:#}");
+    let e = Lora::new(&base, lora_cfg(&["attn"]), 0)
+        .err()
+        .expect("unknown target");
+    assert!(
+        format!("{e:#}").contains("attn") && format!("{e:#}").contains("gate_up_proj"),
+        "{e:#}"
+    );
+}
+
+#[test]
+fn lora_save_load_round_trip_with_peft_names() {
+    let (vm, _) = random_base(LLAMA, 51);
+    let base = frozen(LLAMA, &vm);
+    let lora = Lora::new(&base, lora_cfg(&["q_proj", "v_proj", "down_proj"]), 3).unwrap();
+    randomize_lora(&lora, 4);
+    let dir = tempfile::tempdir().unwrap();
+    lora.save(dir.path(), "tiny-llama").unwrap();
+    let st =
+        candle_core::safetensors::load(dir.path().join("adapter_model.safetensors"), &Device::Cpu)
+            .unwrap();
+    assert!(st.contains_key("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+    assert!(st.contains_key("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+    assert_eq!(st.len(), 2 * 2 * 3);
+    let conf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(conf["peft_type"], "LORA");
+    assert_eq!(conf["r"], 4);
+    let back = Lora::load(dir.path(), &base).unwrap();
+    let x = to_tensor(&ids(2, 5, 120, 8));
+    let a = base.forward(&x, &[0, 0], None, Some(&lora), true).unwrap();
+    let b = base.forward(&x, &[0, 0], None, Some(&back), true).unwrap();
+    assert_eq!(max_diff(&a, &b), 0.0);
+    // A missing file is named.
+    std::fs::remove_file(dir.path().join("adapter_model.safetensors")).unwrap();
+    let e = format!("{:#}", Lora::load(dir.path(), &base).err().unwrap());
+    assert!(e.contains("adapter_model.safetensors"), "{e}");
+}
+
+#[test]
+fn lora_and_value_head_train_while_the_base_stays_frozen() {
+    let (vm, _) = random_base(QWEN2, 61);
+    let base = Arc::new(frozen(QWEN2, &vm));
+    let mut agent = Agent::new(base.clone());
+    let lora = Lora::new(
+        &base,
+        lora_cfg(&[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]),
+        5,
+    )
+    .unwrap();
+    randomize_lora(&lora, 6);
+    agent.lora = Some(lora);
+    agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 7).unwrap());
+    let pairs = vec![(vec![1, 2, 3], vec![4, 5]), (vec![6], vec![7, 8, 9, 10])];
+    let s = score(&agent, &pairs, false, 2).unwrap();
+    let loss = ((s.logprobs.clone() * &s.mask).unwrap().sum_all().unwrap()
+        + (s.values.clone().unwrap() * &s.mask)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap())
+    .unwrap();
+    let grads = loss.backward().unwrap();
+    let vars = agent.trainable_vars();
+    assert_eq!(vars.len(), 2 * 7 * 2 + 2);
+    for v in &vars {
+        let g = grads
+            .get(v.as_tensor())
+            .expect("trainable var without gradient");
+        assert!(
+            g.abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                > 0.0
+        );
+    }
+}
+
+#[test]
+fn same_seed_same_tokens_and_logprobs_under_the_sampled_distribution() {
+    let (vm, _) = random_base(LLAMA, 71);
+    let agent = Agent::new(Arc::new(frozen(LLAMA, &vm)));
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8]];
+    let opts = GenerateOptions {
+        max_new_tokens: 8,
+        stop_tokens: vec![],
+        pad_token: 0,
+    };
+    let p = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 50,
+    };
+    let a = generate(&agent, &prompts, &mut Sampler::new(p, 42), &opts).unwrap();
+    let b = generate(&agent, &prompts, &mut Sampler::new(p, 42), &opts).unwrap();
+    let c = generate(&agent, &prompts, &mut Sampler::new(p, 43), &opts).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(
+        a.iter().map(|g| &g.tokens).collect::<Vec<_>>(),
+        c.iter().map(|g| &g.tokens).collect::<Vec<_>>()
+    );
+    assert!(a
+        .iter()
+        .all(|g| g.tokens.len() == 8 && g.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite())));
+
+    // Log-probs: top-k = 2 renormalises over the two best tokens.
+    let logits = Tensor::new(&[[2.0f32, 1.0, 0.5, -1.0]], &Device::Cpu).unwrap();
+    let mut s = Sampler::new(
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 2,
+        },
+        9,
+    );
+    let z = (2f32.exp() + 1f32.exp()).ln();
+    for _ in 0..50 {
+        let (tok, lp) = s.sample(&logits).unwrap()[0];
+        assert!(tok < 2);
+        let want = [2.0f32, 1.0][tok as usize] - z;
+        assert!((lp - want).abs() < 1e-5, "{lp} vs {want}");
+    }
+    // Temperature 0.5 without filtering: the empirical frequencies follow softmax(logits / 0.5).
+    let mut s = Sampler::new(
+        SamplingParams {
+            temperature: 0.5,
+            top_p: 1.0,
+            top_k: 0,
+        },
+        10,
+    );
+    let probs = candle_nn::ops::softmax(&(logits.clone() / 0.5).unwrap(), D::Minus1)
+        .unwrap()
+        .i(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let mut counts = [0usize; 4];
+    let n = 4000;
+    for _ in 0..n {
+        let (tok, lp) = s.sample(&logits).unwrap()[0];
+        assert!((lp - probs[tok as usize].ln()).abs() < 1e-5);
+        counts[tok as usize] += 1;
+    }
+    for k in 0..4 {
+        assert!(
+            (counts[k] as f32 / n as f32 - probs[k]).abs() < 0.03,
+            "token {k}: {counts:?} vs {probs:?}"
+        );
+    }
+    // Top-p = 0.5 keeps only the most likely token here (p = 0.84 at T = 0.5).
+    let mut s = Sampler::new(
+        SamplingParams {
+            temperature: 0.5,
+            top_p: 0.5,
+            top_k: 0,
+        },
+        11,
+    );
+    for _ in 0..20 {
+        assert_eq!(s.sample(&logits).unwrap()[0], (0, 0.0));
+    }
+}
+
+#[test]
+fn stop_tokens_end_rows_independently() {
+    let (vm, _) = random_base(LLAMA, 81);
+    let agent = Agent::new(Arc::new(frozen(LLAMA, &vm)));
+    let prompts = vec![vec![1, 2, 3], vec![9, 8]];
+    let free = generate(
+        &agent,
+        &prompts,
+        &mut Sampler::new(SamplingParams::greedy(), 0),
+        &GenerateOptions {
+            max_new_tokens: 6,
+            stop_tokens: vec![],
+            pad_token: 0,
+        },
+    )
+    .unwrap();
+    // Stop row 0 at its third token.
+    let stop = free[0].tokens[2];
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        stop_tokens: vec![stop],
+        pad_token: 0,
+    };
+    let g = generate(
+        &agent,
+        &prompts,
+        &mut Sampler::new(SamplingParams::greedy(), 0),
+        &opts,
+    )
+    .unwrap();
+    let first = free[0].tokens.iter().position(|&t| t == stop).unwrap();
+    assert_eq!(g[0].tokens, free[0].tokens[..=first].to_vec());
+    assert!(g[0].stopped);
+    let second = free[1]
+        .tokens
+        .iter()
+        .position(|&t| t == stop)
+        .map_or(6, |p| p + 1);
+    assert_eq!(g[1].tokens, free[1].tokens[..second].to_vec());
+}
+
+#[test]
+fn response_logprobs_match_a_full_forward_and_do_not_depend_on_chunking() {
+    let (vm, _) = random_base(QWEN2, 91);
+    let base = Arc::new(frozen(QWEN2, &vm));
+    let agent = Agent::new(base.clone());
+    let pairs = vec![
+        (vec![5, 6, 7], vec![8, 9]),
+        (vec![1], vec![2, 3, 4, 10, 11]),
+        (vec![12, 13, 14, 15], vec![16]),
+    ];
+    let s1 = score(&agent, &pairs, true, 1).unwrap();
+    let s3 = score(&agent, &pairs, false, 3).unwrap();
+    assert!(max_diff(&s1.logprobs, &s3.logprobs) < 1e-4);
+    let lp = s1.logprobs.to_vec2::<f32>().unwrap();
+    let mask = s1.mask.to_vec2::<f32>().unwrap();
+    assert_eq!(
+        mask,
+        vec![
+            vec![0., 0., 0., 1., 1.],
+            vec![1.; 5],
+            vec![0., 0., 0., 0., 1.]
+        ]
+    );
+    for (b, (p, r)) in pairs.iter().enumerate() {
+        let seq = [p.clone(), r.clone()].concat();
+        let h = base
+            .forward(
+                &to_tensor(std::slice::from_ref(&seq)),
+                &[0],
+                None,
+                None,
+                true,
+            )
+            .unwrap();
+        let lsm = candle_nn::ops::log_softmax(&base.logits(&h).unwrap(), D::Minus1)
+            .unwrap()
+            .i(0)
+            .unwrap();
+        let lsm = lsm.to_vec2::<f32>().unwrap();
+        for (k, &tok) in r.iter().enumerate() {
+            let want = lsm[p.len() - 1 + k][tok as usize];
+            let got = lp[b][5 - r.len() + k];
+            assert!(
+                (want - got).abs() < 1e-4,
+                "row {b} token {k}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_padded_batches_stay_finite_and_close_to_f32() {
+    let (vm, base32) = random_base(LLAMA, 101);
+    let ts = vm
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().to_dtype(DType::F16).unwrap()))
+        .collect();
+    let cfg = Config::from_hf_json(LLAMA).unwrap();
+    let base16 = Base::new(&cfg, VarBuilder::from_tensors(ts, DType::F16, &Device::Cpu)).unwrap();
+    let x = to_tensor(&ids(2, 6, 120, 3));
+    // Row 1 has 4 padding positions, so its first query rows are fully masked.
+    let pads = [0, 4];
+    let h16 = base16.forward(&x, &pads, None, None, true).unwrap();
+    let l16 = base16.logits(&h16).unwrap();
+    let all: Vec<f32> = l16.flatten_all().unwrap().to_vec1().unwrap();
+    assert!(
+        all.iter().all(|v| v.is_finite()),
+        "f16 mask produced non-finite logits"
+    );
+    let l32 = base32
+        .logits(&base32.forward(&x, &pads, None, None, true).unwrap())
+        .unwrap();
+    let d = max_diff(
+        &l16.i((.., 4.., ..)).unwrap(),
+        &l32.i((.., 4.., ..)).unwrap(),
+    );
+    assert!(d < 0.1, "f16 vs f32 logits differ by {d}");
+}
+
+#[test]
+fn sliding_window_attends_to_the_last_window_positions_only() {
+    // One layer, window 3: the last position sees exactly the last 3 tokens (rope is relative),
+    // so it equals a run on those 3 tokens alone.
+    let json = MISTRAL
+        .replace("\"num_hidden_layers\":2", "\"num_hidden_layers\":1")
+        .replace("\"sliding_window\":null", "\"sliding_window\":3");
+    let (_vm, base) = random_base(&json, 111);
+    assert_eq!(base.config().sliding_window, Some(3));
+    let seq = ids(1, 8, 120, 4);
+    let full = base
+        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .unwrap();
+    let tail = vec![seq[0][5..].to_vec()];
+    let short = base
+        .forward(&to_tensor(&tail), &[0], None, None, false)
+        .unwrap();
+    let d = max_diff(&full.i((0, 7, ..)).unwrap(), &short.i((0, 2, ..)).unwrap());
+    assert!(
+        d < 1e-4,
+        "windowed last position differs from the 3-token run by {d}"
+    );
+    // And the window matters: without it the last position differs.
+    let (_vm2, open) = random_base(
+        &json.replace("\"sliding_window\":3", "\"sliding_window\":null"),
+        111,
+    );
+    let full_open = open
+        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .unwrap();
+    assert!(
+        max_diff(
+            &full_open.i((0, 7, ..)).unwrap(),
+            &short.i((0, 2, ..)).unwrap()
+        ) > 1e-3
+    );
+    // With the KV cache, decoding step by step applies the same window.
+    let mut cache = KvCache::new(1);
+    let mut last = None;
+    for &tok in &seq[0] {
+        let x = Tensor::from_vec(vec![tok], (1, 1), &Device::Cpu).unwrap();
+        last = Some(
+            base.forward(&x, &[0], Some(&mut cache), None, true)
+                .unwrap(),
+        );
+    }
+    let d = max_diff(
+        &last.unwrap().i((0, 0, ..)).unwrap(),
+        &short.i((0, 2, ..)).unwrap(),
+    );
+    assert!(d < 1e-4, "cached windowed decoding differs by {d}");
+}
