@@ -138,7 +138,7 @@ fn credit(d: &Debate, turn: u32) -> f64 {
     else {
         return 0.0;
     };
-    if decision.iter().any(|a| *a == d.task.reference) {
+    if decision.contains(&d.task.reference) {
         1.0 / decision.len() as f64
     } else {
         0.0

@@ -138,8 +138,11 @@ fn type_name(ty: &wasmtime::component::types::Type) -> String {
     }
 }
 
+/// A WIT package version: (major, minor, patch).
+type Version = (u64, u64, u64);
+
 /// Splits `maporl:plugin/collaboration@0.1.0` into ("collaboration", Some((0, 1, 0))).
-pub(crate) fn parse_name(name: &str) -> Option<(&str, Option<(u64, u64, u64)>)> {
+pub(crate) fn parse_name(name: &str) -> Option<(&str, Option<Version>)> {
     let rest = name.strip_prefix(WIT_PACKAGE)?.strip_prefix('/')?;
     match rest.split_once('@') {
         None => Some((rest, None)),
@@ -147,7 +150,7 @@ pub(crate) fn parse_name(name: &str) -> Option<(&str, Option<(u64, u64, u64)>)> 
     }
 }
 
-fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+fn parse_version(v: &str) -> Option<Version> {
     let core = v.split(['-', '+']).next()?;
     let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
     let version = (parts.next()??, parts.next()??, parts.next()??);
@@ -156,7 +159,7 @@ fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
 
 /// A plugin built against `version` runs on this host when the major versions are equal and
 /// the plugin's minor version is not above the host's.
-pub(crate) fn check_version(what: &str, version: (u64, u64, u64)) -> Result<(), String> {
+pub(crate) fn check_version(what: &str, version: Version) -> Result<(), String> {
     let (major, minor, _) = WIT_VERSION;
     if version.0 == major && version.1 <= minor {
         return Ok(());
