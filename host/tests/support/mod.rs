@@ -19,7 +19,7 @@ pub fn plugins_dir() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
             .current_dir(repo())
-            .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", "plugins/Cargo.toml"])
+            .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", "plugins/Cargo.toml", "--target-dir", "plugins/target"])
             .status()
             .expect("running cargo to build the plugins");
         assert!(
