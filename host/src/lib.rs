@@ -5,6 +5,7 @@
 //! WebAssembly components run in a sandbox ([`plugin`]).
 
 pub mod cli;
+pub mod config;
 pub mod data;
 pub mod debate;
 pub mod eval;

@@ -1,0 +1,444 @@
+//! The run config: TOML with every default filled in, unknown keys refused with the line and
+//! the key, `--set key=value` overrides, and the resolved form saved into the run directory.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::data::FieldMap;
+use crate::plugin::Limits;
+
+/// A whole run: data, team, debate, plugins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Seeds the data order, sampling and the plugins' sandboxes.
+    pub seed: u64,
+    /// Where the run writes its outputs; `runs/<config name>` when empty.
+    pub run_dir: String,
+    pub data: DataConfig,
+    pub model: ModelConfig,
+    /// Per-agent overrides; agents without an entry use `model`.
+    pub agents: Vec<AgentConfig>,
+    pub debate: DebateConfig,
+    pub generation: GenerationConfig,
+    pub plugins: PluginsConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// "arithmetic" (generated, the embedded default), "gsm8k", "anli" or "jsonl".
+    pub source: String,
+    /// The JSONL file (gsm8k, anli, jsonl).
+    pub path: String,
+    /// Arithmetic difficulty, 1-3.
+    pub difficulty: u32,
+    /// How many tasks to use (0: all; arithmetic: how many to generate).
+    pub count: usize,
+    /// Tasks to skip first.
+    pub offset: usize,
+    /// For "jsonl": the task kind plugins see, and which field holds what.
+    pub kind: String,
+    pub fields: Option<FieldMap>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// An HF folder (config.json, *.safetensors, tokenizer.json, tokenizer_config.json) or a
+    /// GGUF file; a leading `~/` is the home directory.
+    pub path: String,
+    /// "f32", "bf16" or "f16".
+    pub dtype: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// This agent's own base model; empty: the shared `model`.
+    pub model: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebateConfig {
+    pub agents: u32,
+    pub turns: u32,
+    /// Tasks debated together (generation batches across them).
+    pub batch_size: usize,
+    /// What a plugin failure on one task does: "stop" the run, or "drop-task" and go on.
+    pub on_plugin_error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationConfig {
+    /// 0 is greedy.
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    pub max_new_tokens: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// Where plugin file names without a directory are looked up; empty: the reference
+    /// plugins built in this repository.
+    pub dir: String,
+    pub protocol: PluginConfig,
+    pub verifier: PluginConfig,
+    pub shaper: PluginConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The component file; empty: the reference plugin for that role.
+    #[serde(default)]
+    pub path: String,
+    /// Passed to the plugin's `configure` as JSON.
+    #[serde(default = "empty_table")]
+    pub settings: toml::Table,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+fn empty_table() -> toml::Table {
+    toml::Table::new()
+}
+
+impl PluginConfig {
+    fn named(path: &str) -> PluginConfig {
+        PluginConfig {
+            path: path.into(),
+            settings: empty_table(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The settings as the JSON document `configure` receives.
+    pub fn settings_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.settings).expect("TOML tables are valid JSON")
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            seed: 0,
+            run_dir: String::new(),
+            data: DataConfig::default(),
+            model: ModelConfig::default(),
+            agents: Vec::new(),
+            debate: DebateConfig::default(),
+            generation: GenerationConfig::default(),
+            plugins: PluginsConfig::default(),
+        }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            source: "arithmetic".into(),
+            path: String::new(),
+            difficulty: 1,
+            count: 16,
+            offset: 0,
+            kind: String::new(),
+            fields: None,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            path: "~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+            dtype: "f32".into(),
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            model: String::new(),
+        }
+    }
+}
+
+impl Default for DebateConfig {
+    fn default() -> Self {
+        DebateConfig {
+            agents: 2,
+            turns: 3,
+            batch_size: 8,
+            on_plugin_error: "stop".into(),
+        }
+    }
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        // PAPER.md §1: temperature 0.7, top-p 1.0, up to 300 new tokens.
+        GenerationConfig {
+            temperature: 0.7,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 300,
+        }
+    }
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            dir: String::new(),
+            protocol: PluginConfig::named("debate.wasm"),
+            verifier: PluginConfig::named("gsm8k.wasm"),
+            shaper: PluginConfig::named("influence.wasm"),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `overrides` ("key.path=value", value in TOML syntax or a bare
+    /// string) and checks the result.
+    pub fn load(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let mut config = Config::parse(&text, overrides)
+            .with_context(|| format!("in config {}", path.display()))?;
+        if config.run_dir.is_empty() {
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+            config.run_dir = format!("runs/{name}");
+        }
+        Ok(config)
+    }
+
+    /// Parses config text; errors name the line and the key.
+    pub fn parse(text: &str, overrides: &[String]) -> anyhow::Result<Config> {
+        // First the file alone, so that errors carry its line numbers; then the overrides on
+        // top of the file with every default filled in.
+        let mut config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !overrides.is_empty() {
+            let mut table = toml::Table::try_from(&config).expect("a config serializes");
+            for o in overrides {
+                apply_override(&mut table, o)?;
+            }
+            config = toml::Value::Table(table)
+                .try_into()
+                .map_err(|e| anyhow::anyhow!("after --set {}: {e}", overrides.join(" --set ")))?;
+        }
+        let defaults = PluginsConfig::default();
+        for (slot, default) in [
+            (&mut config.plugins.protocol, &defaults.protocol),
+            (&mut config.plugins.verifier, &defaults.verifier),
+            (&mut config.plugins.shaper, &defaults.shaper),
+        ] {
+            if slot.path.is_empty() {
+                slot.path.clone_from(&default.path);
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let known = ["arithmetic", "gsm8k", "anli", "jsonl"];
+        if !known.contains(&self.data.source.as_str()) {
+            bail!("data.source = {:?}: expected one of {}", self.data.source, known.join(", "));
+        }
+        if self.data.source != "arithmetic" && self.data.path.is_empty() {
+            bail!("data.path is required for data.source = {:?}", self.data.source);
+        }
+        if self.data.source == "jsonl" && self.data.fields.is_none() {
+            bail!("data.fields (question, reference, ...) is required for data.source = \"jsonl\"");
+        }
+        if self.debate.agents == 0 || self.debate.turns == 0 {
+            bail!("debate.agents and debate.turns must be at least 1");
+        }
+        if self.agents.len() > self.debate.agents as usize {
+            bail!(
+                "{} [[agents]] entries for debate.agents = {}",
+                self.agents.len(),
+                self.debate.agents
+            );
+        }
+        if self.debate.batch_size == 0 {
+            bail!("debate.batch_size must be at least 1");
+        }
+        if !["stop", "drop-task"].contains(&self.debate.on_plugin_error.as_str()) {
+            bail!(
+                "debate.on_plugin_error = {:?}: expected \"stop\" or \"drop-task\"",
+                self.debate.on_plugin_error
+            );
+        }
+        if !["f32", "bf16", "f16"].contains(&self.model.dtype.as_str()) {
+            bail!("model.dtype = {:?}: expected f32, bf16 or f16", self.model.dtype);
+        }
+        let g = &self.generation;
+        if g.temperature < 0.0 || !(0.0..=1.0).contains(&g.top_p) || g.top_p == 0.0 {
+            bail!("generation: temperature must be >= 0 and top_p in (0, 1]");
+        }
+        if g.max_new_tokens == 0 {
+            bail!("generation.max_new_tokens must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The config as TOML, every default filled in.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a config serializes")
+    }
+
+    /// The model path of agent `a`.
+    pub fn agent_model(&self, a: usize) -> &str {
+        match self.agents.get(a) {
+            Some(agent) if !agent.model.is_empty() => &agent.model,
+            _ => &self.model.path,
+        }
+    }
+
+    /// A plugin's component file: absolute, relative to the working directory when it has a
+    /// directory part, else in `plugins.dir`.
+    pub fn plugin_path(&self, plugin: &PluginConfig) -> PathBuf {
+        let path = expand_home(&plugin.path);
+        if path.is_absolute() || path.components().count() > 1 {
+            return path;
+        }
+        let dir = if self.plugins.dir.is_empty() {
+            crate::cli::default_plugins_dir()
+        } else {
+            expand_home(&self.plugins.dir)
+        };
+        dir.join(path)
+    }
+}
+
+/// `~/x` -> `$HOME/x`.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), dirs::home_dir()) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => PathBuf::from(path),
+    }
+}
+
+/// Sets `a.b.c = value` in `table`; the value is read as TOML, or else taken as a string.
+fn apply_override(table: &mut toml::Table, assignment: &str) -> anyhow::Result<()> {
+    let (key, raw) = assignment
+        .split_once('=')
+        .with_context(|| format!("--set {assignment}: expected key=value"))?;
+    let key = key.trim();
+    let value: toml::Value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|k| !k.is_empty()).with_context(|| format!("--set {assignment}: empty key"))?;
+    let mut here = table;
+    for (i, part) in parts.iter().enumerate() {
+        let entry = here
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        here = entry.as_table_mut().with_context(|| {
+            format!("--set {assignment}: `{}` is not a table", parts[..=i].join("."))
+        })?;
+    }
+    here.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// Writes `text` to `path` atomically: a temp file in the same directory, then a rename.
+pub fn write_atomic(path: &Path, text: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, text)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_everything_and_round_trip() {
+        let c = Config::parse("", &[]).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.debate.agents, 2);
+        assert_eq!(c.generation.max_new_tokens, 300);
+        let again = Config::parse(&c.to_toml(), &[]).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_line_and_key() {
+        let text = "seed = 1\n\n[debate]\nagents = 2\nturnz = 3\n";
+        let err = Config::parse(text, &[]).unwrap_err().to_string();
+        assert!(err.contains("line 5"), "{err}");
+        assert!(err.contains("turnz"), "{err}");
+        let err = Config::parse("[plugins.protocol]\npath = \"x\"\nsetings = {}\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("line 3") && err.contains("setings"), "{err}");
+    }
+
+    #[test]
+    fn overrides_set_any_key_and_are_checked() {
+        let c = Config::parse(
+            "[debate]\nagents = 2\n",
+            &[
+                "debate.agents=3".into(),
+                "generation.temperature=0".into(),
+                "plugins.protocol.settings.early_stop=true".into(),
+                "model.path=/models/x.gguf".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.debate.agents, 3);
+        assert_eq!(c.generation.temperature, 0.0);
+        assert_eq!(c.plugins.protocol.settings_json(), serde_json::json!({"early_stop": true}));
+        assert_eq!(c.model.path, "/models/x.gguf");
+        let err = Config::parse("", &["debate.agentz=3".into()]).unwrap_err().to_string();
+        assert!(err.contains("--set debate.agentz=3") && err.contains("agentz"), "{err}");
+        let err = Config::parse("", &["seed".into()]).unwrap_err().to_string();
+        assert!(err.contains("key=value"), "{err}");
+        let err = Config::parse("", &["seed.x=1".into()]).unwrap_err().to_string();
+        assert!(err.contains("`seed` is not a table"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = Config::parse("[data]\nsource = \"mnist\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("data.source") && err.contains("mnist"), "{err}");
+        let err = Config::parse("[data]\nsource = \"gsm8k\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("data.path is required"), "{err}");
+        let err = Config::parse("[debate]\non_plugin_error = \"ignore\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("on_plugin_error"), "{err}");
+    }
+
+    #[test]
+    fn plugin_paths_resolve_against_the_plugins_dir() {
+        let c = Config::parse("[plugins]\ndir = \"/opt/plugins\"\n[plugins.verifier]\npath = \"./mine/v.wasm\"\n", &[]).unwrap();
+        assert_eq!(c.plugin_path(&c.plugins.protocol), PathBuf::from("/opt/plugins/debate.wasm"));
+        assert_eq!(c.plugin_path(&c.plugins.verifier), PathBuf::from("./mine/v.wasm"));
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/config.toml");
+        write_atomic(&path, b"a = 1\n").unwrap();
+        write_atomic(&path, b"a = 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 2\n");
+        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temp files left");
+    }
+}
