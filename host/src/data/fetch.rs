@@ -168,16 +168,17 @@ fn fetch_anli(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
                 dest.display()
             ),
         }
-        extracted.push((split, dest, tmp, actual));
+        extracted.push((split, dest, tmp, actual, expected.is_some()));
     }
     drop(archive);
     drop(zip_file);
 
     let mut manifest = String::new();
     let mut files = Vec::new();
-    for (split, dest, tmp, actual) in extracted {
+    for (split, dest, tmp, actual, pinned) in extracted {
         persist(tmp, &dest)?;
-        eprintln!("{}: extracted, sha256 ok", dest.display());
+        let check = if pinned { ", sha256 ok" } else { "" };
+        eprintln!("{}: extracted{check}", dest.display());
         manifest.push_str(&format!("{actual}  {split}.jsonl\n"));
         files.push(dest);
     }
