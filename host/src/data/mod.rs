@@ -3,8 +3,10 @@
 //! the line and the field.
 
 mod arithmetic;
+mod fetch;
 
 pub use arithmetic::arithmetic;
+pub use fetch::{fetch, FETCH_DATASETS, MIRROR_ENV};
 
 use std::path::Path;
 
