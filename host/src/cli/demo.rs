@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::debate::{self, Plugins, ScriptedTeam};
+use crate::debate::{self, OnPluginError, Plugins, ScriptedTeam};
 use crate::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 
 #[derive(Args)]
@@ -77,8 +77,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         plugins.shaper.identity().name,
         &plugins.shaper.identity().sha256[..12],
     );
-    let debates = debate::run(&mut plugins, &mut team, &tasks, args.agents, args.turns)
-        .context("running the debates")?;
+    let rollout = debate::run(
+        &mut plugins,
+        &mut team,
+        &tasks,
+        args.agents,
+        args.turns,
+        OnPluginError::Stop,
+    )
+    .context("running the debates")?;
+    let debates = rollout.debates;
     for d in &debates {
         println!(
             "== task {}: {} (reference {})",

@@ -2,6 +2,7 @@
 
 mod demo;
 mod plugin;
+mod run;
 
 use std::path::PathBuf;
 
@@ -23,9 +24,28 @@ enum Command {
     /// Work with plugin components: inspect, check, scaffold, call.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Evaluate a team of LLM agents: debates over the config's tasks, per-turn accuracy,
+    /// transitions; writes transcripts and metrics into the run directory.
+    Eval(run::ConfigArgs),
+    /// One debate on a question of yours, shown turn by turn.
+    Debate(run::DebateArgs),
+    /// Datasets.
+    #[command(subcommand)]
+    Data(DataCommand),
     /// Run debates between scripted stand-in agents (not LLMs) through real plugins: the
     /// reference protocol, verifier and reward shaper, on the synthetic arithmetic task.
     Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Download a dataset from its public source, verify its sha256, and check it parses.
+    Fetch {
+        /// gsm8k or anli.
+        dataset: String,
+        /// Where to put it (DIR/gsm8k/..., DIR/anli/...).
+        dir: PathBuf,
+    },
 }
 
 /// Runs the command line; returns the process exit code.
@@ -33,6 +53,9 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plugin(cmd) => plugin::run(cmd),
+        Command::Eval(args) => run::eval(args),
+        Command::Debate(args) => run::debate(args),
+        Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -252,10 +252,17 @@ impl Config {
     fn validate(&self) -> anyhow::Result<()> {
         let known = ["arithmetic", "gsm8k", "anli", "jsonl"];
         if !known.contains(&self.data.source.as_str()) {
-            bail!("data.source = {:?}: expected one of {}", self.data.source, known.join(", "));
+            bail!(
+                "data.source = {:?}: expected one of {}",
+                self.data.source,
+                known.join(", ")
+            );
         }
         if self.data.source != "arithmetic" && self.data.path.is_empty() {
-            bail!("data.path is required for data.source = {:?}", self.data.source);
+            bail!(
+                "data.path is required for data.source = {:?}",
+                self.data.source
+            );
         }
         if self.data.source == "jsonl" && self.data.fields.is_none() {
             bail!("data.fields (question, reference, ...) is required for data.source = \"jsonl\"");
@@ -280,7 +287,10 @@ impl Config {
             );
         }
         if !["f32", "bf16", "f16"].contains(&self.model.dtype.as_str()) {
-            bail!("model.dtype = {:?}: expected f32, bf16 or f16", self.model.dtype);
+            bail!(
+                "model.dtype = {:?}: expected f32, bf16 or f16",
+                self.model.dtype
+            );
         }
         let g = &self.generation;
         if g.temperature < 0.0 || !(0.0..=1.0).contains(&g.top_p) || g.top_p == 0.0 {
@@ -340,14 +350,20 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> anyhow::Result<(
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     let mut parts: Vec<&str> = key.split('.').collect();
-    let last = parts.pop().filter(|k| !k.is_empty()).with_context(|| format!("--set {assignment}: empty key"))?;
+    let last = parts
+        .pop()
+        .filter(|k| !k.is_empty())
+        .with_context(|| format!("--set {assignment}: empty key"))?;
     let mut here = table;
     for (i, part) in parts.iter().enumerate() {
         let entry = here
             .entry(part.to_string())
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         here = entry.as_table_mut().with_context(|| {
-            format!("--set {assignment}: `{}` is not a table", parts[..=i].join("."))
+            format!(
+                "--set {assignment}: `{}` is not a table",
+                parts[..=i].join(".")
+            )
         })?;
     }
     here.insert(last.to_string(), value);
@@ -356,7 +372,10 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> anyhow::Result<(
 
 /// Writes `text` to `path` atomically: a temp file in the same directory, then a rename.
 pub fn write_atomic(path: &Path, text: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temp file in {}", dir.display()))?;
@@ -387,7 +406,9 @@ mod tests {
         let err = Config::parse(text, &[]).unwrap_err().to_string();
         assert!(err.contains("line 5"), "{err}");
         assert!(err.contains("turnz"), "{err}");
-        let err = Config::parse("[plugins.protocol]\npath = \"x\"\nsetings = {}\n", &[]).unwrap_err().to_string();
+        let err = Config::parse("[plugins.protocol]\npath = \"x\"\nsetings = {}\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 3") && err.contains("setings"), "{err}");
     }
 
@@ -405,31 +426,76 @@ mod tests {
         .unwrap();
         assert_eq!(c.debate.agents, 3);
         assert_eq!(c.generation.temperature, 0.0);
-        assert_eq!(c.plugins.protocol.settings_json(), serde_json::json!({"early_stop": true}));
+        assert_eq!(
+            c.plugins.protocol.settings_json(),
+            serde_json::json!({"early_stop": true})
+        );
         assert_eq!(c.model.path, "/models/x.gguf");
-        let err = Config::parse("", &["debate.agentz=3".into()]).unwrap_err().to_string();
-        assert!(err.contains("--set debate.agentz=3") && err.contains("agentz"), "{err}");
+        let err = Config::parse("", &["debate.agentz=3".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--set debate.agentz=3") && err.contains("agentz"),
+            "{err}"
+        );
         let err = Config::parse("", &["seed".into()]).unwrap_err().to_string();
         assert!(err.contains("key=value"), "{err}");
-        let err = Config::parse("", &["seed.x=1".into()]).unwrap_err().to_string();
+        let err = Config::parse("", &["seed.x=1".into()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`seed` is not a table"), "{err}");
     }
 
     #[test]
     fn bad_values_are_named() {
-        let err = Config::parse("[data]\nsource = \"mnist\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("data.source") && err.contains("mnist"), "{err}");
-        let err = Config::parse("[data]\nsource = \"gsm8k\"\n", &[]).unwrap_err().to_string();
+        let err = Config::parse("[data]\nsource = \"mnist\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("data.source") && err.contains("mnist"),
+            "{err}"
+        );
+        let err = Config::parse("[data]\nsource = \"gsm8k\"\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("data.path is required"), "{err}");
-        let err = Config::parse("[debate]\non_plugin_error = \"ignore\"\n", &[]).unwrap_err().to_string();
+        let err = Config::parse("[debate]\non_plugin_error = \"ignore\"\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("on_plugin_error"), "{err}");
     }
 
     #[test]
     fn plugin_paths_resolve_against_the_plugins_dir() {
-        let c = Config::parse("[plugins]\ndir = \"/opt/plugins\"\n[plugins.verifier]\npath = \"./mine/v.wasm\"\n", &[]).unwrap();
-        assert_eq!(c.plugin_path(&c.plugins.protocol), PathBuf::from("/opt/plugins/debate.wasm"));
-        assert_eq!(c.plugin_path(&c.plugins.verifier), PathBuf::from("./mine/v.wasm"));
+        let c = Config::parse(
+            "[plugins]\ndir = \"/opt/plugins\"\n[plugins.verifier]\npath = \"./mine/v.wasm\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.plugin_path(&c.plugins.protocol),
+            PathBuf::from("/opt/plugins/debate.wasm")
+        );
+        assert_eq!(
+            c.plugin_path(&c.plugins.verifier),
+            PathBuf::from("./mine/v.wasm")
+        );
+    }
+
+    #[test]
+    fn every_shipped_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::load(&path, &[])
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                assert_eq!(c.debate.agents, 2, "{}", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "configs/ holds the shipped experiments");
     }
 
     #[test]
@@ -439,6 +505,10 @@ mod tests {
         write_atomic(&path, b"a = 1\n").unwrap();
         write_atomic(&path, b"a = 2\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 2\n");
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temp files left");
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1,
+            "no temp files left"
+        );
     }
 }

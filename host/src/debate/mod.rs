@@ -2,23 +2,37 @@
 //! debate over a batch of tasks, then asks the reward shaper for the rewards.
 //!
 //! The engine batches across tasks: at each turn it collects every task's plan, asks the
-//! team for all responses at once (so a model can generate them in one batch), scores each
+//! team for all responses at once (so each model generates them in batches), scores each
 //! task's responses in one verifier call, and asks the protocol for the team's answer.
 
+mod record;
 mod scripted;
+mod team;
 
+pub use record::{write_transcripts, PluginHashes};
 pub use scripted::ScriptedTeam;
+pub use team::{ModelTeam, TeamOptions};
+
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::plugin::{Protocol, RewardShaper, Verifier};
+use crate::plugin::{PluginError, Protocol, RewardShaper, Verifier};
 use crate::transcript::{ChatMessage, Reward, Task, Transcript, Utterance};
+
+/// One agent's answer to one request, with its size in tokens.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub response_tokens: usize,
+}
 
 /// Whoever produces the agents' responses: LLM agents, or a scripted stand-in.
 pub trait Team {
     /// One response per request, in order. Each request is an agent index and the
     /// conversation that agent sees.
-    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<String>>;
+    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>>;
 }
 
 /// The three plugins a debate runs with.
@@ -28,14 +42,45 @@ pub struct Plugins {
     pub shaper: RewardShaper,
 }
 
+/// What a plugin failure on one task does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPluginError {
+    /// Stop the run with the error.
+    Stop,
+    /// Record the error on that task's debate, leave it out, and go on.
+    DropTask,
+}
+
+/// What one agent was asked and how much it said, for one utterance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Speech {
+    pub messages: Vec<ChatMessage>,
+    pub prompt_tokens: usize,
+    pub response_tokens: usize,
+}
+
 /// One finished debate.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Debate {
     pub task: Task,
     pub transcript: Transcript,
+    /// `speeches[i]` is what led to `transcript.utterances[i]`.
+    pub speeches: Vec<Speech>,
     /// The team's answer(s) after each turn that was played (index 0 is turn 1).
     pub decisions: Vec<Vec<String>>,
     pub rewards: Vec<Reward>,
+    /// Set when a plugin failed on this task and the run dropped it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The debates of a batch and where the time went.
+pub struct Rollout {
+    pub debates: Vec<Debate>,
+    /// Time spent inside plugin calls.
+    pub plugin_time: Duration,
+    /// Time spent by the team (generation).
+    pub team_time: Duration,
 }
 
 /// Runs one debate per task with `agents` agents over at most `turns` turns.
@@ -45,31 +90,48 @@ pub fn run(
     tasks: &[Task],
     agents: u32,
     turns: u32,
-) -> anyhow::Result<Vec<Debate>> {
+    on_error: OnPluginError,
+) -> anyhow::Result<Rollout> {
     let mut debates: Vec<Debate> = tasks
         .iter()
         .map(|task| Debate {
             task: task.clone(),
             transcript: Transcript::new(agents, turns),
+            speeches: Vec::new(),
             decisions: Vec::new(),
             rewards: Vec::new(),
+            error: None,
         })
         .collect();
     let mut active: Vec<bool> = vec![true; debates.len()];
+    let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
+    // Records a plugin failure per the policy; `Err` stops the run.
+    let fail = |debate: &mut Debate, active: &mut bool, err: PluginError| -> anyhow::Result<()> {
+        match on_error {
+            OnPluginError::Stop => Err(err.into()),
+            OnPluginError::DropTask => {
+                debate.error = Some(err.to_string());
+                *active = false;
+                Ok(())
+            }
+        }
+    };
     for turn in 1..=turns {
         // Plan every active debate's turn.
         let mut plans = Vec::new();
-        for (i, debate) in debates.iter().enumerate() {
+        for (i, debate) in debates.iter_mut().enumerate() {
             if !active[i] {
                 continue;
             }
+            let started = Instant::now();
             let plan = plugins
                 .protocol
-                .plan_turn(&debate.task, turn, &debate.transcript)?;
-            if plan.is_empty() {
-                active[i] = false;
-            } else {
-                plans.push((i, plan));
+                .plan_turn(&debate.task, turn, &debate.transcript);
+            plugin_time += started.elapsed();
+            match plan {
+                Ok(plan) if plan.is_empty() => active[i] = false,
+                Ok(plan) => plans.push((i, plan)),
+                Err(e) => fail(debate, &mut active[i], e)?,
             }
         }
         if plans.is_empty() {
@@ -80,7 +142,9 @@ pub fn run(
             .iter()
             .flat_map(|(_, plan)| plan.iter().map(|p| (p.agent, p.messages.as_slice())))
             .collect();
+        let started = Instant::now();
         let responses = team.respond(&requests)?;
+        team_time += started.elapsed();
         anyhow::ensure!(
             responses.len() == requests.len(),
             "the team gave {} responses to {} requests",
@@ -89,27 +153,60 @@ pub fn run(
         );
         let mut responses = responses.into_iter();
         for (i, plan) in &plans {
-            let texts: Vec<String> = responses.by_ref().take(plan.len()).collect();
+            let said: Vec<Response> = responses.by_ref().take(plan.len()).collect();
             let debate = &mut debates[*i];
-            let verdicts = plugins.verifier.score(&debate.task, &texts)?;
-            for ((prompt, text), verdict) in plan.iter().zip(texts).zip(verdicts) {
+            let texts: Vec<String> = said.iter().map(|r| r.text.clone()).collect();
+            let started = Instant::now();
+            let verdicts = plugins.verifier.score(&debate.task, &texts);
+            plugin_time += started.elapsed();
+            let verdicts = match verdicts {
+                Ok(v) => v,
+                Err(e) => {
+                    fail(debate, &mut active[*i], e)?;
+                    continue;
+                }
+            };
+            for ((prompt, response), verdict) in plan.iter().zip(said).zip(verdicts) {
                 debate.transcript.utterances.push(Utterance {
                     turn,
                     agent: prompt.agent,
-                    text,
+                    text: response.text,
                     answer: verdict.answer,
                     score: verdict.score,
                     correct: verdict.correct,
                 });
+                debate.speeches.push(Speech {
+                    messages: prompt.messages.clone(),
+                    prompt_tokens: response.prompt_tokens,
+                    response_tokens: response.response_tokens,
+                });
             }
+            let started = Instant::now();
             let decision = plugins
                 .protocol
-                .decide(&debate.task, turn, &debate.transcript)?;
-            debate.decisions.push(decision);
+                .decide(&debate.task, turn, &debate.transcript);
+            plugin_time += started.elapsed();
+            match decision {
+                Ok(d) => debate.decisions.push(d),
+                Err(e) => fail(debate, &mut active[*i], e)?,
+            }
         }
     }
-    for debate in &mut debates {
-        debate.rewards = plugins.shaper.shape(&debate.task, &debate.transcript)?;
+    for (i, debate) in debates.iter_mut().enumerate() {
+        if debate.error.is_some() {
+            continue;
+        }
+        let started = Instant::now();
+        let rewards = plugins.shaper.shape(&debate.task, &debate.transcript);
+        plugin_time += started.elapsed();
+        match rewards {
+            Ok(r) => debate.rewards = r,
+            Err(e) => fail(debate, &mut active[i], e)?,
+        }
     }
-    Ok(debates)
+    Ok(Rollout {
+        debates,
+        plugin_time,
+        team_time,
+    })
 }

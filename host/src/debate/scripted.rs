@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::Team;
+use super::{Response, Team};
 use crate::transcript::{ChatMessage, Role, Task};
 
 /// Scripted agents that know each task's reference answer and get it right with a
@@ -85,10 +85,19 @@ impl ScriptedTeam {
 }
 
 impl Team for ScriptedTeam {
-    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<String>> {
+    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>> {
+        // Token counts are word counts: there is no tokenizer here.
+        let words = |s: &str| s.split_whitespace().count();
         Ok(requests
             .iter()
-            .map(|(agent, messages)| self.respond_one(*agent, messages))
+            .map(|(agent, messages)| {
+                let text = self.respond_one(*agent, messages);
+                Response {
+                    prompt_tokens: messages.iter().map(|m| words(&m.content)).sum(),
+                    response_tokens: words(&text),
+                    text,
+                }
+            })
             .collect())
     }
 }
@@ -154,8 +163,9 @@ mod tests {
         }];
         let mut team = ScriptedTeam::new(std::slice::from_ref(&task), vec![1.0, 0.0], 0.5, 7);
         let out = team.respond(&[(0, &msgs), (1, &msgs)]).unwrap();
-        assert_eq!(last_boxed_integer(&out[0]), Some(5));
-        assert_ne!(last_boxed_integer(&out[1]), Some(5));
+        assert_eq!(last_boxed_integer(&out[0].text), Some(5));
+        assert_ne!(last_boxed_integer(&out[1].text), Some(5));
+        assert_eq!(out[0].prompt_tokens, 5);
         let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
         assert_eq!(again.respond(&[(0, &msgs), (1, &msgs)]).unwrap(), out);
     }

@@ -54,13 +54,18 @@ pub struct TurnMetrics {
 /// Everything `maporl eval` reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// Debates scored.
     pub tasks: usize,
+    /// Debates left out because a plugin failed on them.
+    pub dropped: usize,
     pub agents: u32,
     pub turns: Vec<TurnMetrics>,
 }
 
-/// Computes the report over debates that all have the same team size and turn budget.
-pub fn evaluate(debates: &[Debate]) -> Report {
+/// Computes the report over debates that all have the same team size and turn budget;
+/// debates dropped after a plugin failure are counted but not scored.
+pub fn evaluate(all: &[Debate]) -> Report {
+    let debates: Vec<&Debate> = all.iter().filter(|d| d.error.is_none()).collect();
     let agents = debates
         .iter()
         .map(|d| d.transcript.agents)
@@ -79,7 +84,7 @@ pub fn evaluate(debates: &[Debate]) -> Report {
         let mut spoke = vec![0usize; agents as usize];
         let (mut said, mut invalid, mut chars) = (0usize, 0usize, 0usize);
         let mut transitions = Transitions::default();
-        for d in debates {
+        for d in &debates {
             majority += credit(d, turn);
             for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {
                 said += 1;
@@ -124,6 +129,7 @@ pub fn evaluate(debates: &[Debate]) -> Report {
     }
     Report {
         tasks: debates.len(),
+        dropped: all.len() - debates.len(),
         agents,
         turns: out,
     }
@@ -235,6 +241,8 @@ mod tests {
                 .map(|d| d.into_iter().map(String::from).collect())
                 .collect(),
             rewards: vec![],
+            speeches: vec![],
+            error: None,
         }
     }
 

@@ -98,3 +98,18 @@ pub fn transcript(agents: u32, turns: u32, utterances: Vec<Utterance>) -> Transc
         utterances,
     }
 }
+
+/// SmolLM2-135M-Instruct's GGUF (fetched by scripts/fetch-smollm2.sh); fails loudly if absent.
+pub fn smollm2() -> PathBuf {
+    let path = std::env::var_os("MAPORL_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            maporl::config::expand_home("~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "SmolLM2 GGUF not found at {}: run scripts/fetch-smollm2.sh (or set MAPORL_SMOLLM2_GGUF)",
+        path.display()
+    );
+    path
+}

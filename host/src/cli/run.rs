@@ -1,0 +1,309 @@
+//! `maporl eval` and `maporl debate`: debates between LLM agents, as a run config describes.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use clap::Args;
+
+use crate::config::{expand_home, write_atomic, Config};
+use crate::debate::{self, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
+use crate::model::SamplingParams;
+use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
+use crate::transcript::Task;
+
+#[derive(Args)]
+pub struct ConfigArgs {
+    /// The run config (TOML), e.g. configs/quickstart-arith.toml.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override any config key, e.g. --set debate.turns=2 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct DebateArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The question to debate.
+    #[arg(long)]
+    question: String,
+    /// The gold answer, if known (for scores and correctness).
+    #[arg(long, default_value = "")]
+    reference: String,
+    /// The task kind the plugins see (default: the config's data kind, else "arith").
+    #[arg(long)]
+    kind: Option<String>,
+}
+
+/// Everything a debate run needs, built from a config.
+struct Setup {
+    config: Config,
+    plugins: Plugins,
+    team: ModelTeam,
+}
+
+impl Setup {
+    fn new(config: Config) -> anyhow::Result<Setup> {
+        let runtime = Runtime::new(RuntimeOptions {
+            seed: config.seed,
+            ..RuntimeOptions::default()
+        })?;
+        let p = &config.plugins;
+        let plugins = Plugins {
+            protocol: Protocol::load(
+                &runtime,
+                &config.plugin_path(&p.protocol),
+                &p.protocol.settings_json(),
+                &p.protocol.limits,
+            )?,
+            verifier: Verifier::load(
+                &runtime,
+                &config.plugin_path(&p.verifier),
+                &p.verifier.settings_json(),
+                &p.verifier.limits,
+            )?,
+            shaper: RewardShaper::load(
+                &runtime,
+                &config.plugin_path(&p.shaper),
+                &p.shaper.settings_json(),
+                &p.shaper.limits,
+            )?,
+        };
+        let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
+            .map(|a| expand_home(config.agent_model(a)))
+            .collect();
+        let g = &config.generation;
+        let opts = TeamOptions {
+            sampling: SamplingParams {
+                temperature: g.temperature,
+                top_p: g.top_p,
+                top_k: g.top_k,
+            },
+            max_new_tokens: g.max_new_tokens,
+            batch_size: config.debate.batch_size,
+            seed: config.seed,
+            dtype: match config.model.dtype.as_str() {
+                "bf16" => DType::BF16,
+                "f16" => DType::F16,
+                _ => DType::F32,
+            },
+        };
+        let team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
+        Ok(Setup {
+            config,
+            plugins,
+            team,
+        })
+    }
+
+    fn on_error(&self) -> OnPluginError {
+        if self.config.debate.on_plugin_error == "drop-task" {
+            OnPluginError::DropTask
+        } else {
+            OnPluginError::Stop
+        }
+    }
+}
+
+/// The evaluation tasks the config names.
+pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
+    let d = &config.data;
+    let path = expand_home(&d.path);
+    let all = match d.source.as_str() {
+        "arithmetic" => {
+            crate::data::arithmetic(d.offset + d.count.max(1), d.difficulty, config.seed)
+        }
+        "gsm8k" => crate::data::gsm8k(&path)?,
+        "anli" => crate::data::anli(&path)?,
+        "jsonl" => {
+            let fields = d
+                .fields
+                .as_ref()
+                .context("data.fields is required for jsonl")?;
+            let kind = if d.kind.is_empty() {
+                "jsonl"
+            } else {
+                d.kind.as_str()
+            };
+            crate::data::jsonl(&path, kind, fields)?
+        }
+        other => bail!("unknown data.source {other:?}"),
+    };
+    let take = if d.count == 0 { usize::MAX } else { d.count };
+    let tasks: Vec<Task> = all.into_iter().skip(d.offset).take(take).collect();
+    if tasks.is_empty() {
+        bail!(
+            "the config selects no tasks (data.offset = {}, data.count = {})",
+            d.offset,
+            d.count
+        );
+    }
+    Ok(tasks)
+}
+
+pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config, &args.overrides)?;
+    let run_dir = PathBuf::from(&config.run_dir);
+    let tasks = tasks(&config)?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+    write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    let mut setup = Setup::new(config)?;
+    let (agents, turns, batch) = (
+        setup.config.debate.agents,
+        setup.config.debate.turns,
+        setup.config.debate.batch_size,
+    );
+    let on_error = setup.on_error();
+    let bar = progress_bar(tasks.len() as u64, "debating");
+    let started = Instant::now();
+    let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
+    let mut debates = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(batch) {
+        let rollout = debate::run(
+            &mut setup.plugins,
+            &mut setup.team,
+            chunk,
+            agents,
+            turns,
+            on_error,
+        )?;
+        plugin_time += rollout.plugin_time;
+        team_time += rollout.team_time;
+        debates.extend(rollout.debates);
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    let hashes = PluginHashes::of(&setup.plugins);
+    debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
+    let report = crate::eval::evaluate(&debates);
+    write_atomic(
+        &run_dir.join("eval.json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
+    )?;
+    println!("{}", report.table());
+    let utterances: usize = debates.iter().map(|d| d.speeches.len()).sum();
+    let tokens: usize = debates
+        .iter()
+        .flat_map(|d| &d.speeches)
+        .map(|s| s.response_tokens)
+        .sum();
+    println!(
+        "{utterances} utterances, {tokens} generated tokens in {:.1} s ({:.2} utterances/s, {:.1} tokens/s); \
+         plugins took {:.3}% of the time",
+        elapsed.as_secs_f64(),
+        utterances as f64 / elapsed.as_secs_f64(),
+        tokens as f64 / team_time.as_secs_f64().max(1e-9),
+        100.0 * plugin_time.as_secs_f64() / elapsed.as_secs_f64()
+    );
+    for d in debates.iter().filter(|d| d.error.is_some()) {
+        eprintln!(
+            "dropped task {}: {}",
+            d.task.id,
+            d.error.as_deref().unwrap_or_default()
+        );
+    }
+    println!("wrote {}", run_dir.display());
+    Ok(())
+}
+
+pub fn debate(args: DebateArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config.config, &args.config.overrides)?;
+    let kind = args
+        .kind
+        .clone()
+        .unwrap_or_else(|| match config.data.source.as_str() {
+            "jsonl" if !config.data.kind.is_empty() => config.data.kind.clone(),
+            "jsonl" | "arithmetic" => "arith".into(),
+            other => other.to_string(),
+        });
+    let task = Task {
+        id: "question".into(),
+        kind,
+        question: args.question.clone(),
+        reference: args.reference.clone(),
+        fields: vec![],
+    };
+    let mut setup = Setup::new(config)?;
+    let (agents, turns) = (setup.config.debate.agents, setup.config.debate.turns);
+    let rollout = debate::run(
+        &mut setup.plugins,
+        &mut setup.team,
+        std::slice::from_ref(&task),
+        agents,
+        turns,
+        OnPluginError::Stop,
+    )?;
+    let d = &rollout.debates[0];
+    println!("Question: {}\n", task.question);
+    for (t, decision) in d.decisions.iter().enumerate() {
+        let turn = t as u32 + 1;
+        println!("──────── turn {turn} ────────");
+        for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {
+            let reward = d
+                .rewards
+                .iter()
+                .find(|r| r.turn == turn && r.agent == u.agent);
+            println!(
+                "Agent {} (answer {}, score {:.2}{}{}):",
+                u.agent + 1,
+                u.answer.as_deref().unwrap_or("invalid"),
+                u.score,
+                if args.reference.is_empty() {
+                    ""
+                } else if u.correct {
+                    ", right"
+                } else {
+                    ", wrong"
+                },
+                reward
+                    .map(|r| format!(", reward {:.3}", r.total))
+                    .unwrap_or_default()
+            );
+            println!("{}\n", indent(&u.text));
+        }
+        println!(
+            "Team answer after turn {turn}: {}\n",
+            if decision.is_empty() {
+                "none".to_string()
+            } else {
+                decision.join(" / ")
+            }
+        );
+    }
+    Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A progress bar with an ETA on a terminal; nothing when stderr is not a TTY.
+pub(crate) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {pos}/{len} tasks, {elapsed} elapsed, ETA {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// `maporl data fetch`.
+pub fn fetch(dataset: &str, dir: &Path) -> anyhow::Result<()> {
+    let files = crate::data::fetch(dataset, dir, None)?;
+    for f in files {
+        println!("{}", f.display());
+    }
+    Ok(())
+}

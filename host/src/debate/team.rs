@@ -1,0 +1,213 @@
+//! LLM agents as a debate team: each agent's prompts are rendered with its model's chat
+//! template and generated in batches across tasks, with its own seeded sampler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+
+use super::{Response, Team};
+use crate::model::{self, Agent, ChatTemplate, GenerateOptions, Sampler, SamplingParams};
+use crate::transcript::{ChatMessage, Role};
+
+/// What an agent needs to talk: its model's tokenizer, chat template and stop tokens.
+struct Voice {
+    tokenizer: tokenizers::Tokenizer,
+    template: ChatTemplate,
+    stop_tokens: Vec<u32>,
+    pad_token: u32,
+}
+
+struct Member {
+    agent: Agent,
+    voice: Arc<Voice>,
+    sampler: Sampler,
+}
+
+/// A team of LLM agents. Agents on the same model file share its frozen weights.
+pub struct ModelTeam {
+    members: Vec<Member>,
+    max_new_tokens: usize,
+    batch_size: usize,
+}
+
+/// Sampling and batching of a [`ModelTeam`].
+#[derive(Clone, Debug)]
+pub struct TeamOptions {
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    /// Most prompts generated together.
+    pub batch_size: usize,
+    pub seed: u64,
+    pub dtype: DType,
+}
+
+impl ModelTeam {
+    /// Loads one agent per entry of `model_paths` (each an HF folder or a GGUF file).
+    pub fn load(
+        model_paths: &[std::path::PathBuf],
+        opts: &TeamOptions,
+        device: &Device,
+    ) -> anyhow::Result<ModelTeam> {
+        let mut loaded: HashMap<&std::path::Path, (Arc<model::Base>, Arc<Voice>)> = HashMap::new();
+        let mut members = Vec::new();
+        for (i, path) in model_paths.iter().enumerate() {
+            if !loaded.contains_key(path.as_path()) {
+                let l = model::load(path, opts.dtype, device).with_context(|| {
+                    format!("loading the model of agent {i} from {}", path.display())
+                })?;
+                let (base, voice) =
+                    split(l).with_context(|| format!("model {}", path.display()))?;
+                loaded.insert(path, (Arc::new(base), Arc::new(voice)));
+            }
+            let (base, voice) = loaded[path.as_path()].clone();
+            members.push(Member {
+                agent: Agent::new(base),
+                voice,
+                // Each agent samples from its own stream, the same on every run.
+                sampler: Sampler::new(opts.sampling, opts.seed.wrapping_add(1 + i as u64)),
+            });
+        }
+        Ok(ModelTeam {
+            members,
+            max_new_tokens: opts.max_new_tokens,
+            batch_size: opts.batch_size.max(1),
+        })
+    }
+
+    /// The agents, e.g. for training their adapters.
+    pub fn agents_mut(&mut self) -> impl Iterator<Item = &mut Agent> {
+        self.members.iter_mut().map(|m| &mut m.agent)
+    }
+
+    fn respond_as(
+        &mut self,
+        agent: usize,
+        conversations: &[&[ChatMessage]],
+    ) -> anyhow::Result<Vec<Response>> {
+        let member = &mut self.members[agent];
+        let voice = member.voice.clone();
+        let mut prompts = Vec::with_capacity(conversations.len());
+        for messages in conversations {
+            let messages: Vec<model::ChatMessage> = messages
+                .iter()
+                .map(|m| model::ChatMessage::new(role_name(m.role), &m.content))
+                .collect();
+            let text = voice.template.render(&messages, true)?;
+            let ids = voice
+                .tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| anyhow::anyhow!("tokenizing agent {agent}'s prompt: {e}"))?
+                .get_ids()
+                .to_vec();
+            prompts.push(ids);
+        }
+        let opts = GenerateOptions {
+            max_new_tokens: self.max_new_tokens,
+            stop_tokens: voice.stop_tokens.clone(),
+            pad_token: voice.pad_token,
+        };
+        let mut out = Vec::with_capacity(prompts.len());
+        for chunk in prompts.chunks(self.batch_size) {
+            for (prompt, g) in chunk.iter().zip(model::generate(
+                &member.agent,
+                chunk,
+                &mut member.sampler,
+                &opts,
+            )?) {
+                let text = voice
+                    .tokenizer
+                    .decode(&g.tokens, true)
+                    .map_err(|e| anyhow::anyhow!("decoding agent {agent}'s response: {e}"))?;
+                out.push(Response {
+                    text: text.trim().to_string(),
+                    prompt_tokens: prompt.len(),
+                    response_tokens: g.tokens.len(),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Team for ModelTeam {
+    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>> {
+        let mut by_agent: Vec<Vec<usize>> = vec![Vec::new(); self.members.len()];
+        for (i, (agent, _)) in requests.iter().enumerate() {
+            match by_agent.get_mut(*agent as usize) {
+                Some(list) => list.push(i),
+                None => bail!(
+                    "a request for agent {agent}, but the team has {} agents",
+                    self.members.len()
+                ),
+            }
+        }
+        let mut out: Vec<Option<Response>> = vec![None; requests.len()];
+        for (agent, indices) in by_agent.iter().enumerate() {
+            if indices.is_empty() {
+                continue;
+            }
+            let conversations: Vec<&[ChatMessage]> =
+                indices.iter().map(|&i| requests[i].1).collect();
+            for (&i, r) in indices.iter().zip(self.respond_as(agent, &conversations)?) {
+                out[i] = Some(r);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every request answered"))
+            .collect())
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+/// Tokens that end an assistant turn in common chat formats.
+const END_OF_TURN: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "</s>",
+];
+
+/// A loaded model as its frozen weights and its voice.
+fn split(l: model::Loaded) -> anyhow::Result<(model::Base, Voice)> {
+    let tokenizer = l
+        .tokenizer
+        .context("the model has no tokenizer (tokenizer.json or GGUF metadata)")?;
+    let template = l.chat_template.context(
+        "the model has no chat template (tokenizer_config.json `chat_template` or GGUF metadata)",
+    )?;
+    let mut stop_tokens = l.eos_token_ids;
+    for t in END_OF_TURN {
+        if let Some(id) = tokenizer.token_to_id(t) {
+            if !stop_tokens.contains(&id) {
+                stop_tokens.push(id);
+            }
+        }
+    }
+    if stop_tokens.is_empty() {
+        bail!("the model names no end-of-sequence token, so generation could not stop");
+    }
+    let pad_token = tokenizer
+        .get_padding()
+        .map(|p| p.pad_id)
+        .unwrap_or(stop_tokens[0]);
+    Ok((
+        l.base,
+        Voice {
+            tokenizer,
+            template,
+            stop_tokens,
+            pad_token,
+        },
+    ))
+}

@@ -1,0 +1,217 @@
+//! Debates between real LLM agents (SmolLM2-135M), driven through the `maporl` binary:
+//! `eval` writes the resolved config, transcripts and metrics; the same seed gives identical
+//! transcripts; a plugin failure stops the run or drops the task, as the config says.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use support::*;
+
+fn maporl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(args)
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .output()
+        .expect("running maporl")
+}
+
+/// A small, fast eval: 3 arithmetic tasks, 2 agents, 2 turns, 12 new tokens.
+fn eval(run_dir: &Path, extra: &[&str]) -> Output {
+    let config = repo().join("configs/quickstart-arith.toml");
+    let model = format!("model.path={}", smollm2().display());
+    let run = format!("run_dir={}", run_dir.display());
+    let mut args = vec![
+        "eval",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        &model,
+        "--set",
+        &run,
+        "--set",
+        "data.count=3",
+        "--set",
+        "debate.turns=2",
+        "--set",
+        "generation.max_new_tokens=12",
+    ];
+    args.extend_from_slice(extra);
+    maporl(&args)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn eval_writes_config_transcripts_and_metrics_and_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    let out = eval(&a, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let printed = text(&out);
+    assert!(printed.contains("| majority accuracy |"), "{printed}");
+    assert!(printed.contains("plugins took"), "{printed}");
+
+    // The resolved config holds every default and the overrides.
+    let config = maporl::config::Config::load(&a.join("config.toml"), &[]).unwrap();
+    assert_eq!(
+        (
+            config.data.count,
+            config.debate.turns,
+            config.generation.max_new_tokens
+        ),
+        (3, 2, 12)
+    );
+
+    // One transcript record per task, with prompts, answers, token counts and plugin hashes.
+    let transcripts = std::fs::read_to_string(a.join("transcripts.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = transcripts
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3);
+    for r in &records {
+        let utterances = r["transcript"]["utterances"].as_array().unwrap();
+        assert_eq!(utterances.len(), 4, "2 agents x 2 turns");
+        let speeches = r["speeches"].as_array().unwrap();
+        assert_eq!(speeches.len(), 4);
+        for s in speeches {
+            assert!(s["prompt_tokens"].as_u64().unwrap() > 10);
+            let n = s["response_tokens"].as_u64().unwrap();
+            assert!((1..=12).contains(&n), "{n}");
+            assert!(s["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .contains(r["task"]["question"].as_str().unwrap()));
+        }
+        for key in ["protocol", "verifier", "shaper"] {
+            assert_eq!(r["plugins"][key].as_str().unwrap().len(), 64);
+        }
+        assert_eq!(r["rewards"].as_array().unwrap().len(), 4);
+    }
+    let report: maporl::eval::Report =
+        serde_json::from_str(&std::fs::read_to_string(a.join("eval.json")).unwrap()).unwrap();
+    assert_eq!((report.tasks, report.turns.len()), (3, 2));
+
+    // Same seed, same transcripts, byte for byte; another seed, other samples.
+    assert!(eval(&b, &[]).status.success());
+    assert_eq!(
+        transcripts,
+        std::fs::read_to_string(b.join("transcripts.jsonl")).unwrap()
+    );
+    assert!(eval(&c, &["--set", "seed=1"]).status.success());
+    assert_ne!(
+        transcripts,
+        std::fs::read_to_string(c.join("transcripts.jsonl")).unwrap()
+    );
+}
+
+#[test]
+fn a_plugin_failure_stops_the_run_or_drops_the_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &data,
+        "{\"q\": \"What is 2 + 2?\", \"a\": \"4\"}\n{\"q\": \"nan\", \"a\": \"1\"}\n",
+    )
+    .unwrap();
+    let verifier = format!(
+        "plugins.verifier.path={}",
+        plugin("hostile_verifier").display()
+    );
+    let source = format!("data.path={}", data.display());
+    let common = [
+        "--set",
+        "data.source=jsonl",
+        "--set",
+        &source,
+        "--set",
+        "data.count=0",
+        "--set",
+        "data.fields={question = \"q\", reference = \"a\"}",
+        "--set",
+        &verifier,
+        "--set",
+        "plugins.verifier.settings={}",
+    ];
+    let stop = eval(&dir.path().join("stop"), &common);
+    assert_eq!(stop.status.code(), Some(1));
+    let err = text(&stop);
+    assert!(
+        err.contains("hostile_verifier.wasm") && err.contains("`score`") && err.contains("jsonl-2"),
+        "{err}"
+    );
+    assert!(err.contains("NaN"), "{err}");
+
+    let mut drop = common.to_vec();
+    drop.extend_from_slice(&["--set", "debate.on_plugin_error=drop-task"]);
+    let out = eval(&dir.path().join("drop"), &drop);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("dropped task jsonl-2"),
+        "{}",
+        text(&out)
+    );
+    let report: maporl::eval::Report =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("drop/eval.json")).unwrap())
+            .unwrap();
+    assert_eq!((report.tasks, report.dropped), (1, 1));
+}
+
+#[test]
+fn debate_shows_one_debate_turn_by_turn() {
+    let config = repo().join("configs/quickstart-arith.toml");
+    let model = format!("model.path={}", smollm2().display());
+    let out = maporl(&[
+        "debate",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        &model,
+        "--set",
+        "generation.max_new_tokens=16",
+        "--set",
+        "debate.turns=2",
+        "--question",
+        "What is 3 + 4?",
+        "--reference",
+        "7",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let printed = text(&out);
+    assert!(printed.starts_with("Question: What is 3 + 4?"), "{printed}");
+    for needle in [
+        "──────── turn 1",
+        "──────── turn 2",
+        "Agent 1 (answer",
+        "Agent 2 (answer",
+        "Team answer after turn 2",
+    ] {
+        assert!(printed.contains(needle), "{needle} missing: {printed}");
+    }
+}
+
+#[test]
+fn config_errors_name_the_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "seed = 1\n[debate]\nagents = 2\nrounds = 3\n").unwrap();
+    let out = maporl(&["eval", "--config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out);
+    assert!(
+        err.contains("line 4") && err.contains("rounds") && err.contains("bad.toml"),
+        "{err}"
+    );
+}
