@@ -10,7 +10,7 @@ use crate::data::FieldMap;
 use crate::plugin::Limits;
 
 /// A whole run: data, team, debate, plugins.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Seeds the data order, sampling and the plugins' sandboxes.
@@ -54,7 +54,7 @@ pub struct ModelConfig {
     pub dtype: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// This agent's own base model; empty: the shared `model`.
@@ -126,21 +126,6 @@ impl PluginConfig {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            seed: 0,
-            run_dir: String::new(),
-            data: DataConfig::default(),
-            model: ModelConfig::default(),
-            agents: Vec::new(),
-            debate: DebateConfig::default(),
-            generation: GenerationConfig::default(),
-            plugins: PluginsConfig::default(),
-        }
-    }
-}
-
 impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
@@ -160,14 +145,6 @@ impl Default for ModelConfig {
         ModelConfig {
             path: "~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
             dtype: "f32".into(),
-        }
-    }
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig {
-            model: String::new(),
         }
     }
 }
