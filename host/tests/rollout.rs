@@ -215,3 +215,39 @@ fn config_errors_name_the_line_and_key() {
         "{err}"
     );
 }
+
+#[test]
+fn agents_of_different_model_families_share_one_debate() {
+    let dir = tempfile::tempdir().unwrap();
+    let qwen = dir.path().join("tiny-qwen2");
+    std::fs::create_dir(&qwen).unwrap();
+    write_tiny_qwen2(&qwen);
+    let agents = format!(
+        "agents=[{{model = \"\"}}, {{model = \"{}\"}}]",
+        qwen.display()
+    );
+    let run = dir.path().join("run");
+    let out = eval(&run, &["--set", &agents]);
+    assert!(out.status.success(), "{}", text(&out));
+    let transcripts = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
+    for line in transcripts.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        let speeches = r["speeches"].as_array().unwrap();
+        let utterances = r["transcript"]["utterances"].as_array().unwrap();
+        let turn1 = |agent: u64| {
+            utterances
+                .iter()
+                .zip(speeches)
+                .find(|(u, _)| u["turn"] == 1 && u["agent"] == agent)
+                .map(|(_, s)| (s["messages"].clone(), s["prompt_tokens"].as_u64().unwrap()))
+                .unwrap()
+        };
+        let ((m0, p0), (m1, p1)) = (turn1(0), turn1(1));
+        assert_eq!(m0, m1, "both agents get the same turn-1 question");
+        // Each agent's own chat template: SmolLM2's adds its default system prompt.
+        assert!(
+            p0 > p1 + 5,
+            "SmolLM2 prompt {p0} tokens, tiny Qwen2 prompt {p1} tokens"
+        );
+    }
+}

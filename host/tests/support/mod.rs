@@ -113,3 +113,75 @@ pub fn smollm2() -> PathBuf {
     );
     path
 }
+
+/// Writes a tiny random Qwen2 model as a Hugging Face folder, with SmolLM2's tokenizer and a
+/// plain ChatML template of its own (no system prompt): a second model family for a team.
+pub fn write_tiny_qwen2(dir: &Path) {
+    use candle_core::{DType, Device, Tensor};
+    use rand::{Rng, SeedableRng};
+    let loaded = maporl::model::load(&smollm2(), DType::F32, &Device::Cpu).unwrap();
+    let tokenizer = loaded.tokenizer.expect("SmolLM2 has a tokenizer");
+    let vocab = tokenizer.get_vocab_size(true);
+    let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let (h, i, layers) = (32usize, 64usize, 2usize);
+    let config = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h,
+        "intermediate_size": i, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true, "hidden_act": "silu",
+        "eos_token_id": eos, "torch_dtype": "float32"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let mut t = |dims: &[usize], scale: f32, offset: f32| {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| offset + rng.random_range(-scale..scale))
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    let kv = h / 4 * 2;
+    let mut w = std::collections::HashMap::new();
+    w.insert(
+        "model.embed_tokens.weight".to_string(),
+        t(&[vocab, h], 1.0, 0.0),
+    );
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (name, dims) in [
+            ("self_attn.q_proj.weight", [h, h]),
+            ("self_attn.k_proj.weight", [kv, h]),
+            ("self_attn.v_proj.weight", [kv, h]),
+            ("self_attn.o_proj.weight", [h, h]),
+            ("mlp.gate_proj.weight", [i, h]),
+            ("mlp.up_proj.weight", [i, h]),
+            ("mlp.down_proj.weight", [h, i]),
+        ] {
+            w.insert(
+                format!("{p}.{name}"),
+                t(&dims, 1.0 / (dims[1] as f32).sqrt(), 0.0),
+            );
+        }
+        for b in ["q", "k", "v"] {
+            let n = if b == "q" { h } else { kv };
+            w.insert(format!("{p}.self_attn.{b}_proj.bias"), t(&[n], 0.1, 0.0));
+        }
+        w.insert(format!("{p}.input_layernorm.weight"), t(&[h], 0.1, 1.0));
+        w.insert(
+            format!("{p}.post_attention_layernorm.weight"),
+            t(&[h], 0.1, 1.0),
+        );
+    }
+    w.insert("model.norm.weight".to_string(), t(&[h], 0.1, 1.0));
+    candle_core::safetensors::save(&w, dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer.to_string(false).unwrap(),
+    )
+    .unwrap();
+    let tc = serde_json::json!({
+        "eos_token": "<|im_end|>",
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+}
