@@ -11,4 +11,5 @@ pub mod debate;
 pub mod eval;
 pub mod model;
 pub mod plugin;
+pub mod ppo;
 pub mod transcript;
