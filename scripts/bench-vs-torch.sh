@@ -92,5 +92,5 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 echo
-echo "$(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, threads $THREADS, results in $RESULTS"
+echo "$(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores, threads $THREADS, results in $RESULTS"
 "$VENV/bin/python" "$PY" report "$RESULTS"

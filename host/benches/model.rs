@@ -41,6 +41,31 @@ fn bandwidth_gbs() -> f64 {
     2.0 * n as f64 / best / 1e9
 }
 
+/// Per-call time of one linear layer's matmul in three layouts, at 1 and 8 rows.
+fn gemm_layouts(dev: &Device) -> anyhow::Result<()> {
+    for (out_dim, in_dim) in [(1536usize, 576usize), (576, 1536), (49152, 576)] {
+        let w = Tensor::randn(0f32, 0.02, (out_dim, in_dim), dev)?;
+        let wt = w.t()?.contiguous()?;
+        for m in [1usize, 8, 16, 32, 64] {
+            let x = Tensor::randn(0f32, 1.0, (m, in_dim), dev)?;
+            let n = 20;
+            let time = |f: &dyn Fn() -> candle_core::Result<Tensor>| -> anyhow::Result<f64> {
+                f()?;
+                let t = Instant::now();
+                for _ in 0..n {
+                    std::hint::black_box(f()?);
+                }
+                Ok(t.elapsed().as_secs_f64() / n as f64 * 1e6)
+            };
+            let a = time(&|| x.matmul(&w.t()?))?;
+            let b = time(&|| x.matmul(&wt))?;
+            let c = time(&|| w.matmul(&x.t()?)?.t()?.contiguous())?;
+            println!("{out_dim}x{in_dim} m={m}: x·Wᵀ(view) {a:.0} us, x·(Wᵀ contiguous) {b:.0} us, (W·xᵀ)ᵀ {c:.0} us");
+        }
+    }
+    Ok(())
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -71,6 +96,9 @@ fn main() -> anyhow::Result<()> {
     let plain = std::env::var_os("MAPORL_BENCH_PLAIN_MATMUL").is_some();
     maporl::model::set_frozen_matmul(!plain);
     let dev = Device::Cpu;
+    if std::env::var_os("MAPORL_BENCH_GEMM").is_some() {
+        return gemm_layouts(&dev);
+    }
     let t_load = Instant::now();
     let loaded = load(&path, DType::F32, &dev)?;
     let load_s = t_load.elapsed().as_secs_f64();
