@@ -225,7 +225,10 @@ fn main() -> anyhow::Result<()> {
         let total = t.elapsed().as_secs_f64();
         println!("train step {step} (8 x 128, LoRA + value head): {total:.2} s (forward {t_fwd:.2}, backward {:.2}, AdamW {:.3})", t_bwd - t_fwd, total - t_bwd);
         if step > 0 || steps == 1 {
-            for (b, v) in best.iter_mut().zip([total, t_fwd, t_bwd - t_fwd, total - t_bwd]) {
+            for (b, v) in best
+                .iter_mut()
+                .zip([total, t_fwd, t_bwd - t_fwd, total - t_bwd])
+            {
                 *b = b.min(v);
             }
         }

@@ -78,13 +78,22 @@ fn grads(agent: &Agent, plain: bool) -> Vec<(String, Vec<f32>)> {
     let g = loss.backward().unwrap();
     set_frozen_matmul(true);
     let mut named = agent.lora.as_ref().unwrap().named_vars();
-    for (i, v) in agent.value_head.as_ref().unwrap().vars().into_iter().enumerate() {
+    for (i, v) in agent
+        .value_head
+        .as_ref()
+        .unwrap()
+        .vars()
+        .into_iter()
+        .enumerate()
+    {
         named.push((format!("value_head.{i}"), v));
     }
     named
         .into_iter()
         .map(|(n, v)| {
-            let t = g.get(v.as_tensor()).expect("trainable var without gradient");
+            let t = g
+                .get(v.as_tensor())
+                .expect("trainable var without gradient");
             (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
         })
         .collect()
@@ -95,13 +104,32 @@ fn frozen_matmul_leaves_lora_and_value_head_gradients_unchanged() {
     for (json, targets) in [
         (
             LLAMA,
-            &["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"][..],
+            &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ][..],
         ),
         (
             QWEN2,
-            &["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"][..],
+            &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ][..],
         ),
-        (PHI3, &["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][..]),
+        (
+            PHI3,
+            &["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][..],
+        ),
     ] {
         let base = Arc::new(frozen_base(json, 3));
         let mut agent = Agent::new(base.clone());

@@ -64,7 +64,6 @@ fn applies(x: &Tensor, w: &Tensor) -> bool {
 /// `linear.forward(x)`, with a backward that skips the weight gradient when the weight is
 /// frozen and the input is differentiable (CPU).
 pub(crate) fn linear(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
-    use candle_core::Module;
     let w = lin.weight();
     if !applies(x, w) {
         return small_batch(lin, x);
