@@ -3,6 +3,8 @@
 //!
 //!   scripts/fetch-smollm2.sh && cargo bench -p maporl --bench model
 //!   MAPORL_BENCH_MODEL=/path/to/hf-folder-or.gguf cargo bench -p maporl --bench model
+//!
+//! scripts/bench-vs-torch.sh runs it beside HF transformers on PyTorch (BENCHMARKS.md).
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
@@ -39,6 +41,38 @@ fn bandwidth_gbs() -> f64 {
     2.0 * n as f64 / best / 1e9
 }
 
+/// Per-call time of one linear layer's matmul in three layouts, at 1 and 8 rows.
+fn gemm_layouts(dev: &Device) -> anyhow::Result<()> {
+    for (out_dim, in_dim) in [(1536usize, 576usize), (576, 1536), (49152, 576)] {
+        let w = Tensor::randn(0f32, 0.02, (out_dim, in_dim), dev)?;
+        let wt = w.t()?.contiguous()?;
+        for m in [1usize, 8, 16, 32, 64] {
+            let x = Tensor::randn(0f32, 1.0, (m, in_dim), dev)?;
+            let n = 20;
+            let time = |f: &dyn Fn() -> candle_core::Result<Tensor>| -> anyhow::Result<f64> {
+                f()?;
+                let t = Instant::now();
+                for _ in 0..n {
+                    std::hint::black_box(f()?);
+                }
+                Ok(t.elapsed().as_secs_f64() / n as f64 * 1e6)
+            };
+            let a = time(&|| x.matmul(&w.t()?))?;
+            let b = time(&|| x.matmul(&wt))?;
+            let c = time(&|| w.matmul(&x.t()?)?.t()?.contiguous())?;
+            println!("{out_dim}x{in_dim} m={m}: x·Wᵀ(view) {a:.0} us, x·(Wᵀ contiguous) {b:.0} us, (W·xᵀ)ᵀ {c:.0} us");
+        }
+    }
+    Ok(())
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() -> anyhow::Result<()> {
     let path = std::env::var_os("MAPORL_BENCH_MODEL")
         .map(PathBuf::from)
@@ -50,8 +84,24 @@ fn main() -> anyhow::Result<()> {
                         .join(".cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
                 })
         });
+    // Options (environment): MAPORL_BENCH_NEW_TOKENS (64), MAPORL_BENCH_STEPS (3 train steps,
+    // the first one a warm-up), MAPORL_BENCH_LOGITS (write the f32 logits of the 32-token
+    // prompt there, little-endian, (32, vocab)), MAPORL_BENCH_JSON (print one `JSON {...}`
+    // line with every number, for scripts/bench-vs-torch.sh).
+    let new_tokens = env_usize("MAPORL_BENCH_NEW_TOKENS", 64);
+    let steps = env_usize("MAPORL_BENCH_STEPS", 3).max(1);
+    let json = std::env::var_os("MAPORL_BENCH_JSON").is_some();
+    // MAPORL_BENCH_PLAIN_MATMUL: candle's own matmul backward for frozen linears (computes the
+    // unused weight gradients), to compare with the frozen-weight matmul.
+    let plain = std::env::var_os("MAPORL_BENCH_PLAIN_MATMUL").is_some();
+    maporl::model::set_frozen_matmul(!plain);
     let dev = Device::Cpu;
+    if std::env::var_os("MAPORL_BENCH_GEMM").is_some() {
+        return gemm_layouts(&dev);
+    }
+    let t_load = Instant::now();
     let loaded = load(&path, DType::F32, &dev)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let cfg = loaded.base.config().clone();
     let base = Arc::new(loaded.base);
     let params: usize = {
@@ -67,26 +117,34 @@ fn main() -> anyhow::Result<()> {
             + v * h * if cfg.tie_word_embeddings { 1 } else { 2 }
             + h
     };
+    let threads = candle_core::utils::get_num_threads();
     println!(
-        "model {} ({:.1}M params, f32), threads {}",
+        "model {} ({:.1}M params, f32), threads {threads}, loaded in {load_s:.2} s",
         path.display(),
         params as f64 / 1e6,
-        candle_core::utils::get_num_threads()
     );
     let agent = Agent::new(base.clone());
     let prompt: Vec<u32> = (0..32).map(|i| 100 + i).collect();
-    let new_tokens = 64;
+    if let Some(out) = std::env::var_os("MAPORL_BENCH_LOGITS") {
+        let ids = Tensor::new(prompt.as_slice(), &dev)?.unsqueeze(0)?;
+        let hidden = agent.forward(&ids, &[0], None, true)?;
+        let logits = base.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(&out, bytes)?;
+    }
     let opts = GenerateOptions {
         max_new_tokens: new_tokens,
         stop_tokens: vec![],
         pad_token: 0,
     };
+    let mut gen_tps = Vec::new();
+    let mut gen_tokens = Vec::new();
     for b in [1usize, 8] {
         let prompts = vec![prompt.clone(); b];
         let _ = generate(
             &agent,
             &prompts,
-            &mut Sampler::new(SamplingParams::default(), 0),
+            &mut Sampler::new(SamplingParams::greedy(), 0),
             &GenerateOptions {
                 max_new_tokens: 4,
                 ..opts.clone()
@@ -96,16 +154,19 @@ fn main() -> anyhow::Result<()> {
         let out = generate(
             &agent,
             &prompts,
-            &mut Sampler::new(SamplingParams::default(), 0),
+            &mut Sampler::new(SamplingParams::greedy(), 0),
             &opts,
         )?;
         let s = t.elapsed().as_secs_f64();
         let n: usize = out.iter().map(|g| g.tokens.len()).sum();
         println!(
-            "generation b={b}: {:.1} tok/s ({n} tokens, 32-token prompts, {s:.2} s)",
+            "generation b={b} (greedy): {:.1} tok/s ({n} tokens, 32-token prompts, {s:.2} s)",
             n as f64 / s
         );
+        gen_tps.push(n as f64 / s);
+        gen_tokens.push(out[0].tokens.clone());
     }
+    let rss_gen = status_mb("VmHWM:");
     let bw = bandwidth_gbs();
     let weight_bytes = params as f64 * 4.0;
     println!("memory copy bandwidth {bw:.1} GB/s -> batch-1 decode limit {:.1} tok/s (f32 weight bytes / bandwidth)", bw * 1e9 / weight_bytes);
@@ -147,7 +208,8 @@ fn main() -> anyhow::Result<()> {
             )
         })
         .collect();
-    for step in 0..3 {
+    let mut best = [f64::MAX; 4];
+    for step in 0..steps {
         let t = Instant::now();
         let s = score(&a, &pairs, false, 16)?;
         let old = s.logprobs.detach();
@@ -162,7 +224,39 @@ fn main() -> anyhow::Result<()> {
         opt.step(&grads)?;
         let total = t.elapsed().as_secs_f64();
         println!("train step {step} (8 x 128, LoRA + value head): {total:.2} s (forward {t_fwd:.2}, backward {:.2}, AdamW {:.3})", t_bwd - t_fwd, total - t_bwd);
+        if step > 0 || steps == 1 {
+            for (b, v) in best
+                .iter_mut()
+                .zip([total, t_fwd, t_bwd - t_fwd, total - t_bwd])
+            {
+                *b = b.min(v);
+            }
+        }
     }
-    println!("peak RSS (VmHWM) {} MB", status_mb("VmHWM:"));
+    let rss = status_mb("VmHWM:");
+    println!("peak RSS (VmHWM) {rss} MB (after generation {rss_gen} MB)");
+    if json {
+        let toks = |v: &Vec<u32>| {
+            v.iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        println!(
+            "JSON {{\"impl\":\"{}\",\"threads\":{threads},\"params\":{params},\"load_s\":{load_s},\
+             \"gen_b1_tps\":{},\"gen_b8_tps\":{},\"gen_b1_tokens\":[{}],\"gen_b8_tokens\":[{}],\
+             \"bandwidth_gbs\":{bw},\"weight_bytes\":{weight_bytes},\"train_s\":{},\"train_fwd_s\":{},\
+             \"train_bwd_s\":{},\"train_opt_s\":{},\"rss_gen_mb\":{rss_gen},\"rss_peak_mb\":{rss}}}",
+            if plain { "candle-plain" } else { "candle" },
+            gen_tps[0],
+            gen_tps[1],
+            toks(&gen_tokens[0]),
+            toks(&gen_tokens[1]),
+            best[0],
+            best[1],
+            best[2],
+            best[3]
+        );
+    }
     Ok(())
 }

@@ -10,7 +10,7 @@ use super::config::{Act, Arch, Config, RopeScaling};
 use super::lora::Lora;
 use anyhow::{anyhow, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
-use candle_nn::{Module, VarBuilder};
+use candle_nn::VarBuilder;
 
 /// A linear layer a LoRA adapter can attach to, by its PEFT module name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -121,7 +121,7 @@ impl Lin {
     }
 
     fn fwd(&self, x: &Tensor, layer: usize, t: Target, lora: Option<&Lora>) -> Result<Tensor> {
-        let y = self.inner.forward(x)?;
+        let y = super::frozen::linear(&self.inner, x)?;
         match lora.and_then(|l| l.module(layer, t)) {
             Some(m) => Ok((y + m.delta(x)?)?),
             None => Ok(y),
@@ -381,7 +381,7 @@ impl Base {
 
     /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self.lm_head.forward(hidden)?.to_dtype(DType::F32)?)
+        Ok(super::frozen::linear(&self.lm_head, hidden)?.to_dtype(DType::F32)?)
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor, fused: bool) -> Result<Tensor> {

@@ -8,6 +8,7 @@
 mod chat;
 mod config;
 mod decoder;
+mod frozen;
 mod generate;
 mod load;
 mod lora;
@@ -15,6 +16,8 @@ mod lora;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, KvCache, Target};
+#[doc(hidden)]
+pub use frozen::set_frozen_matmul;
 pub use generate::{generate, score, GenerateOptions, Generation, Sampler, SamplingParams, Scored};
 pub use load::{load, Loaded};
 pub use lora::{Agent, Lora, LoraConfig, ValueHead};

@@ -1,0 +1,111 @@
+//! `y = x Wᵀ` for a frozen weight `W` whose backward returns only the input gradient.
+//!
+//! candle 0.11.1's matmul backward computes the gradient of both operands, even when one of them
+//! is a plain (non-Var) tensor: every frozen linear of the differentiable path then costs an
+//! extra weight-sized matmul, allocation and add in backward (for the lm_head, a vocab x hidden
+//! one per chunk). This custom op keeps the weight out of the graph: its backward is
+//! `grad_x = grad_y W` and nothing else. Used on CPU when the input tracks a gradient and the
+//! weight does not; everything else takes candle's ordinary matmul (or, for a few rows without
+//! gradients, the transposed product of `small_batch`).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the frozen-weight matmul on or off (on by default). Off gives candle's plain matmul,
+/// for tests and benchmarks that compare the two.
+#[doc(hidden)]
+pub fn set_frozen_matmul(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+struct FrozenMatmul {
+    /// (out, in)
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenMatmul {
+    fn name(&self) -> &'static str {
+        "frozen-matmul"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = l.shape().dims2()?;
+        let (n, k2) = self.w.dims2()?;
+        if k != k2 {
+            candle_core::bail!("frozen-matmul: input has {k} features, weight expects {k2}");
+        }
+        let (ws, wl) = self.w.storage_and_layout();
+        let Storage::Cpu(ws) = &*ws else {
+            candle_core::bail!("frozen-matmul: weight is not on the CPU");
+        };
+        let wt = wl.transpose(0, 1)?;
+        let out = s.matmul(ws, (1, m, n, k), l, &wt)?;
+        Ok((out, Shape::from((m, n))))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.contiguous()?.matmul(&self.w)?))
+    }
+}
+
+/// Whether `x Wᵀ` should go through [`FrozenMatmul`].
+fn applies(x: &Tensor, w: &Tensor) -> bool {
+    ENABLED.load(Ordering::Relaxed)
+        && x.device().is_cpu()
+        && x.track_op()
+        && !w.track_op()
+        && w.rank() == 2
+        && x.dtype() == w.dtype()
+}
+
+/// `linear.forward(x)`, with a backward that skips the weight gradient when the weight is
+/// frozen and the input is differentiable (CPU).
+pub(crate) fn linear(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
+    let w = lin.weight();
+    if !applies(x, w) {
+        return small_batch(lin, x);
+    }
+    let dims = x.dims().to_vec();
+    let in_dim = *dims.last().unwrap();
+    let rows: usize = dims[..dims.len() - 1].iter().product();
+    let x2 = x.reshape((rows, in_dim))?.contiguous()?;
+    let mut y = x2.apply_op1(FrozenMatmul { w: w.contiguous()? })?;
+    if let Some(b) = lin.bias() {
+        y = y.broadcast_add(b)?;
+    }
+    let mut out = dims;
+    *out.last_mut().unwrap() = w.dim(0)?;
+    y.reshape(out)
+}
+
+/// `linear.forward(x)` without gradient tracking. For 2..=16 rows (batched decoding) on CPU it
+/// computes `(W xᵀ)ᵀ`: gemm then reads the weight as a row-major left-hand side instead of
+/// packing `Wᵀ` for every call, about 1.6x faster for a layer's linears and 2.4x for the lm_head
+/// at 8 rows (MAPORL_BENCH_GEMM=1 in host/benches/model.rs measures it). One row and larger
+/// blocks keep candle's `x Wᵀ`.
+fn small_batch(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
+    use candle_core::Module;
+    let w = lin.weight();
+    let dims = x.dims().to_vec();
+    let in_dim = *dims.last().unwrap();
+    let rows: usize = dims[..dims.len() - 1].iter().product();
+    if !ENABLED.load(Ordering::Relaxed)
+        || !x.device().is_cpu()
+        || x.track_op()
+        || w.rank() != 2
+        || !(2..=16).contains(&rows)
+    {
+        return lin.forward(x);
+    }
+    let x2 = x.reshape((rows, in_dim))?.contiguous()?;
+    let mut y = w.matmul(&x2.t()?)?.t()?.contiguous()?;
+    if let Some(b) = lin.bias() {
+        y = y.broadcast_add(b)?;
+    }
+    let mut out = dims;
+    *out.last_mut().unwrap() = w.dim(0)?;
+    y.reshape(out)
+}
