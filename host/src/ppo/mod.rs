@@ -9,7 +9,9 @@
 mod advantage;
 mod kl;
 mod loss;
+mod step;
 
 pub use advantage::{gae, token_rewards, whiten};
 pub use kl::{KlController, KlEstimator};
 pub use loss::{policy_loss, value_loss, LossStats};
+pub use step::{ppo_step, AgentOptimizer, PpoConfig, Sample, StepStats};

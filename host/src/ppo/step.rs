@@ -1,0 +1,265 @@
+//! One PPO update of one agent on a batch of its responses (CleanRL's loop, for LLM
+//! responses): score with the old policy and the reference, shape token rewards, GAE,
+//! whiten, then epochs × minibatches of clipped policy and value losses with AdamW.
+
+use anyhow::{bail, Context};
+use candle_core::{backprop::GradStore, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::{gae, policy_loss, token_rewards, value_loss, whiten, KlController, KlEstimator};
+use crate::model::{score, Agent};
+
+/// One response to learn from: its prompt and response tokens and its shaped reward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub reward: f32,
+}
+
+/// PPO settings; the defaults are PAPER.md §5's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoConfig {
+    pub epochs: usize,
+    pub minibatches: usize,
+    /// ε of the clipped policy objective.
+    pub clip: f64,
+    /// ε of the clipped value loss.
+    pub value_clip: f64,
+    pub vf_coef: f64,
+    /// γ and λ of GAE inside a response.
+    pub gamma: f32,
+    pub lambda: f32,
+    pub whiten_advantages: bool,
+    pub max_grad_norm: f64,
+    pub lr: f64,
+    pub kl_estimator: KlEstimator,
+    /// Positions per lm_head chunk when scoring.
+    pub chunk: usize,
+}
+
+impl Default for PpoConfig {
+    fn default() -> Self {
+        PpoConfig {
+            epochs: 4,
+            minibatches: 8,
+            clip: 0.2,
+            value_clip: 0.2,
+            vf_coef: 0.1,
+            gamma: 1.0,
+            lambda: 0.95,
+            whiten_advantages: true,
+            max_grad_norm: 1.0,
+            lr: 1e-5,
+            kl_estimator: KlEstimator::K1,
+            chunk: 64,
+        }
+    }
+}
+
+/// What one update measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    pub reward_mean: f32,
+    /// Mean over responses of the summed per-token KL to the reference, before the update.
+    pub kl: f32,
+    pub kl_coef: f64,
+    pub policy_loss: f32,
+    pub value_loss: f32,
+    pub approx_kl: f32,
+    pub clip_fraction: f32,
+    /// Global gradient norm before clipping, averaged over minibatches.
+    pub grad_norm: f32,
+    pub tokens: usize,
+}
+
+/// An agent's optimizer: AdamW over its adapter and value head.
+pub struct AgentOptimizer {
+    vars: Vec<Var>,
+    adamw: AdamW,
+}
+
+impl AgentOptimizer {
+    /// AdamW with no weight decay (the adapters and value head have no norms or biases to
+    /// exempt; decay on LoRA factors is not used by the paper).
+    pub fn new(agent: &Agent, lr: f64) -> anyhow::Result<AgentOptimizer> {
+        let vars = agent.trainable_vars();
+        if vars.is_empty() {
+            bail!("the agent has nothing to train: give it a LoRA adapter or a value head");
+        }
+        let adamw = AdamW::new(
+            vars.clone(),
+            ParamsAdamW {
+                lr,
+                weight_decay: 0.0,
+                ..ParamsAdamW::default()
+            },
+        )?;
+        Ok(AgentOptimizer { vars, adamw })
+    }
+
+    pub fn set_lr(&mut self, lr: f64) {
+        self.adamw.set_learning_rate(lr);
+    }
+
+    /// Clips the gradients to `max_norm` (global L2 norm) and steps; returns the norm before
+    /// clipping.
+    fn step(&mut self, mut grads: GradStore, max_norm: f64) -> anyhow::Result<f32> {
+        let mut sq = 0.0f64;
+        for v in &self.vars {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                sq += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+            }
+        }
+        let norm = sq.sqrt();
+        if norm > max_norm {
+            let scale = max_norm / (norm + 1e-6);
+            for v in &self.vars {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    let g = (g * scale)?;
+                    grads.insert(v.as_tensor(), g);
+                }
+            }
+        }
+        self.adamw.step(&grads)?;
+        Ok(norm as f32)
+    }
+}
+
+fn rows(t: &Tensor) -> anyhow::Result<Vec<Vec<f32>>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?)
+}
+
+/// The last `n` columns of the rows `idx` (rows are right-aligned responses).
+fn select(
+    x: &[Vec<f32>],
+    idx: &[usize],
+    n: usize,
+    dev: &candle_core::Device,
+) -> anyhow::Result<Tensor> {
+    let width = x[0].len();
+    let data: Vec<f32> = idx
+        .iter()
+        .flat_map(|&i| x[i][width - n..].iter().copied())
+        .collect();
+    Ok(Tensor::from_vec(data, (idx.len(), n), dev)?)
+}
+
+/// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
+pub fn ppo_step(
+    agent: &Agent,
+    reference: &Agent,
+    optimizer: &mut AgentOptimizer,
+    samples: &[Sample],
+    kl_control: &mut KlController,
+    cfg: &PpoConfig,
+    seed: u64,
+) -> anyhow::Result<StepStats> {
+    if samples.is_empty() {
+        bail!("ppo_step: no samples");
+    }
+    if agent.value_head.is_none() {
+        bail!("ppo_step: the agent needs a value head");
+    }
+    let dev = agent.base.device().clone();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = samples
+        .iter()
+        .map(|s| (s.prompt.clone(), s.response.clone()))
+        .collect();
+
+    // The old policy and the reference, without gradients.
+    let old = score(agent, &pairs, true, cfg.chunk).context("scoring with the current policy")?;
+    let reference =
+        score(reference, &pairs, true, cfg.chunk).context("scoring with the reference")?;
+    let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
+    let old_values = rows(old.values.as_ref().expect("checked above"))?;
+    let mask = rows(&old.mask)?;
+
+    let kl: Vec<Vec<f32>> = old_lp
+        .iter()
+        .zip(&ref_lp)
+        .zip(&mask)
+        .map(|((lp, rf), m)| {
+            lp.iter()
+                .zip(rf)
+                .zip(m)
+                .map(|((a, b), m)| cfg.kl_estimator.estimate(*a, *b) * m)
+                .collect()
+        })
+        .collect();
+    let kl_per_response: f32 =
+        kl.iter().map(|r| r.iter().sum::<f32>()).sum::<f32>() / samples.len() as f32;
+    let scores: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+    let kl_coef = kl_control.value();
+    let rewards = token_rewards(&kl, &mask, &scores, kl_coef as f32);
+    let (advantages, returns) = gae(&rewards, &old_values, &mask, cfg.gamma, cfg.lambda);
+    let advantages = if cfg.whiten_advantages {
+        whiten(&advantages, &mask)
+    } else {
+        advantages
+    };
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    let minibatches = cfg.minibatches.clamp(1, samples.len());
+    let mut stats = StepStats {
+        reward_mean: scores.iter().sum::<f32>() / scores.len() as f32,
+        kl: kl_per_response,
+        kl_coef,
+        tokens: samples.iter().map(|s| s.response.len()).sum(),
+        ..StepStats::default()
+    };
+    let mut n = 0.0f32;
+    for _ in 0..cfg.epochs {
+        order.shuffle(&mut rng);
+        for mb in order.chunks(samples.len().div_ceil(minibatches)) {
+            let mb_pairs: Vec<(Vec<u32>, Vec<u32>)> =
+                mb.iter().map(|&i| pairs[i].clone()).collect();
+            let width = mb
+                .iter()
+                .map(|&i| samples[i].response.len())
+                .max()
+                .unwrap_or(0);
+            let new = score(agent, &mb_pairs, false, cfg.chunk)?;
+            let m = select(&mask, mb, width, &dev)?;
+            let (pg, loss_stats) = policy_loss(
+                &new.logprobs,
+                &select(&old_lp, mb, width, &dev)?,
+                &select(&advantages, mb, width, &dev)?,
+                &m,
+                cfg.clip,
+            )?;
+            let vf = value_loss(
+                new.values.as_ref().expect("checked above"),
+                &select(&old_values, mb, width, &dev)?,
+                &select(&returns, mb, width, &dev)?,
+                &m,
+                cfg.value_clip,
+            )?;
+            let loss = (&pg + (&vf * cfg.vf_coef)?)?;
+            let grad_norm = optimizer.step(loss.backward()?, cfg.max_grad_norm)?;
+            stats.policy_loss += pg.to_scalar::<f32>()?;
+            stats.value_loss += vf.to_scalar::<f32>()?;
+            stats.approx_kl += loss_stats.approx_kl;
+            stats.clip_fraction += loss_stats.clip_fraction;
+            stats.grad_norm += grad_norm;
+            n += 1.0;
+        }
+    }
+    for x in [
+        &mut stats.policy_loss,
+        &mut stats.value_loss,
+        &mut stats.approx_kl,
+        &mut stats.clip_fraction,
+        &mut stats.grad_norm,
+    ] {
+        *x /= n;
+    }
+    kl_control.update(f64::from(kl_per_response), samples.len());
+    Ok(stats)
+}
