@@ -1,9 +1,10 @@
 //! Memory: three agents over one shared SmolLM2 base cost at most 1.25x one agent (RSS).
 //! One test in its own binary, so no other test's allocations are counted.
 
+mod support;
+
 use candle_core::{DType, Device};
 use maporl::model::{load, score, Agent, Lora, LoraConfig, ValueHead};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn status_kb(field: &str) -> u64 {
@@ -13,23 +14,6 @@ fn status_kb(field: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
-
-fn gguf_path() -> PathBuf {
-    let p = std::env::var_os("MAPORL_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "SmolLM2 GGUF not found at {}: run scripts/fetch-smollm2.sh (or set MAPORL_SMOLLM2_GGUF)",
-        p.display()
-    );
-    p
 }
 
 fn agent(base: &Arc<maporl::model::Base>, seed: u64) -> Agent {
@@ -62,7 +46,11 @@ fn work(a: &Agent) -> f32 {
 
 #[test]
 fn three_agents_on_one_base_cost_at_most_1_25x_one() {
-    let base = Arc::new(load(&gguf_path(), DType::F32, &Device::Cpu).unwrap().base);
+    let base = Arc::new(
+        load(&support::smollm2(), DType::F32, &Device::Cpu)
+            .unwrap()
+            .base,
+    );
     let a1 = agent(&base, 1);
     let lp1 = work(&a1);
     let one = status_kb("VmRSS:");

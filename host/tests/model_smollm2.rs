@@ -1,31 +1,15 @@
 //! SmolLM2-135M-Instruct from its GGUF (fetch it with scripts/fetch-smollm2.sh): config,
 //! tokenizer and chat template from the metadata, and a greedy answer.
 
+mod support;
+
 use candle_core::{DType, Device};
 use maporl::model::{generate, load, Agent, ChatMessage, GenerateOptions, Sampler, SamplingParams};
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn gguf_path() -> PathBuf {
-    let p = std::env::var_os("MAPORL_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "SmolLM2 GGUF not found at {}: run scripts/fetch-smollm2.sh (or set MAPORL_SMOLLM2_GGUF)",
-        p.display()
-    );
-    p
-}
 
 #[test]
 fn smollm2_gguf_answers_the_capital_of_france() {
-    let loaded = load(&gguf_path(), DType::F32, &Device::Cpu).unwrap();
+    let loaded = load(&support::smollm2(), DType::F32, &Device::Cpu).unwrap();
     let cfg = loaded.base.config().clone();
     assert_eq!(
         (
@@ -111,7 +95,7 @@ fn smollm2_gguf_answers_the_capital_of_france() {
 #[test]
 fn smollm2_logits_follow_candle_quantized_llama_on_the_same_gguf() {
     use candle_core::{IndexOp, Tensor};
-    let path = gguf_path();
+    let path = support::smollm2();
     let loaded = load(&path, DType::F32, &Device::Cpu).unwrap();
     let tok = loaded.tokenizer.as_ref().unwrap();
     let ids = tok

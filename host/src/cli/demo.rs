@@ -33,7 +33,9 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let dir = args.plugins.unwrap_or_else(super::default_plugins_dir);
+    let dir = args
+        .plugins
+        .unwrap_or_else(crate::config::reference_plugins_dir);
     let runtime = Runtime::new(RuntimeOptions {
         seed: args.seed,
         ..RuntimeOptions::default()

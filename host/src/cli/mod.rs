@@ -69,14 +69,3 @@ pub fn main() -> i32 {
         }
     }
 }
-
-/// Where the reference plugins are built: `plugins/target/wasm32-wasip2/release` under the
-/// repository, or `$MAPORL_PLUGINS`.
-pub(crate) fn default_plugins_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("MAPORL_PLUGINS") {
-        return PathBuf::from(dir);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("plugins/target/wasm32-wasip2/release")
-}

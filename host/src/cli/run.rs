@@ -83,7 +83,8 @@ impl Setup {
                 top_k: g.top_k,
             },
             max_new_tokens: g.max_new_tokens,
-            batch_size: config.debate.batch_size,
+            // A turn's prompts for every agent on one base form one batch.
+            batch_size: config.debate.batch_size * config.debate.agents as usize,
             seed: config.seed,
             dtype: match config.model.dtype.as_str() {
                 "bf16" => DType::BF16,

@@ -300,12 +300,23 @@ impl Config {
             return path;
         }
         let dir = if self.plugins.dir.is_empty() {
-            crate::cli::default_plugins_dir()
+            reference_plugins_dir()
         } else {
             expand_home(&self.plugins.dir)
         };
         dir.join(path)
     }
+}
+
+/// Where the reference plugins are built: `plugins/target/wasm32-wasip2/release` in this
+/// repository, or `$MAPORL_PLUGINS`.
+pub fn reference_plugins_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("MAPORL_PLUGINS") {
+        return PathBuf::from(dir);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("plugins/target/wasm32-wasip2/release")
 }
 
 /// `~/x` -> `$HOME/x`.

@@ -165,7 +165,10 @@ mod tests {
         let out = team.respond(&[(0, &msgs), (1, &msgs)]).unwrap();
         assert_eq!(last_boxed_integer(&out[0].text), Some(5));
         assert_ne!(last_boxed_integer(&out[1].text), Some(5));
-        assert_eq!(out[0].prompt_tokens, 5);
+        assert_eq!(
+            out[0].prompt_tokens, 6,
+            "words of \"Question: What is 2 + 3?\""
+        );
         let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
         assert_eq!(again.respond(&[(0, &msgs), (1, &msgs)]).unwrap(), out);
     }

@@ -25,7 +25,8 @@ struct Member {
     sampler: Sampler,
 }
 
-/// A team of LLM agents. Agents on the same model file share its frozen weights.
+/// A team of LLM agents. Agents on the same model file share its frozen weights, and while
+/// they have no adapters of their own their prompts are generated in one batch.
 pub struct ModelTeam {
     members: Vec<Member>,
     max_new_tokens: usize,
@@ -133,10 +134,26 @@ impl ModelTeam {
 
 impl Team for ModelTeam {
     fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>> {
+        // Requests go to the member that generates for them: agents on the same base without
+        // an adapter of their own are the same model, so their prompts form one batch.
+        let generator: Vec<usize> = (0..self.members.len())
+            .map(|a| {
+                let m = &self.members[a];
+                if m.agent.lora.is_some() {
+                    return a;
+                }
+                (0..a)
+                    .find(|&b| {
+                        let o = &self.members[b];
+                        o.agent.lora.is_none() && Arc::ptr_eq(&o.agent.base, &m.agent.base)
+                    })
+                    .unwrap_or(a)
+            })
+            .collect();
         let mut by_agent: Vec<Vec<usize>> = vec![Vec::new(); self.members.len()];
         for (i, (agent, _)) in requests.iter().enumerate() {
-            match by_agent.get_mut(*agent as usize) {
-                Some(list) => list.push(i),
+            match generator.get(*agent as usize) {
+                Some(&g) => by_agent[g].push(i),
                 None => bail!(
                     "a request for agent {agent}, but the team has {} agents",
                     self.members.len()
