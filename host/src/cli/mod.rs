@@ -3,6 +3,7 @@
 mod demo;
 mod plugin;
 mod run;
+mod train;
 
 use std::path::PathBuf;
 
@@ -27,6 +28,9 @@ enum Command {
     /// Evaluate a team of LLM agents: debates over the config's tasks, per-turn accuracy,
     /// transitions; writes transcripts and metrics into the run directory.
     Eval(run::ConfigArgs),
+    /// Train the agents with MAPoRL (or the single-agent baseline): debates, shaped rewards,
+    /// PPO on every learning agent; metrics per step, adapters at the end.
+    Train(run::ConfigArgs),
     /// One debate on a question of yours, shown turn by turn.
     Debate(run::DebateArgs),
     /// Datasets.
@@ -55,6 +59,7 @@ pub fn main() -> i32 {
         Command::Plugin(cmd) => plugin::run(cmd),
         Command::Eval(args) => run::eval(args),
         Command::Debate(args) => run::debate(args),
+        Command::Train(args) => train::train(args),
         Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
         Command::Demo(args) => demo::run(args),
     };

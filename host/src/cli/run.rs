@@ -39,14 +39,14 @@ pub struct DebateArgs {
 }
 
 /// Everything a debate run needs, built from a config.
-struct Setup {
-    config: Config,
-    plugins: Plugins,
-    team: ModelTeam,
+pub(crate) struct Setup {
+    pub config: Config,
+    pub plugins: Plugins,
+    pub team: ModelTeam,
 }
 
 impl Setup {
-    fn new(config: Config) -> anyhow::Result<Setup> {
+    pub fn new(config: Config) -> anyhow::Result<Setup> {
         let runtime = Runtime::new(RuntimeOptions {
             seed: config.seed,
             ..RuntimeOptions::default()
@@ -100,7 +100,7 @@ impl Setup {
         })
     }
 
-    fn on_error(&self) -> OnPluginError {
+    pub fn on_error(&self) -> OnPluginError {
         if self.config.debate.on_plugin_error == "drop-task" {
             OnPluginError::DropTask
         } else {

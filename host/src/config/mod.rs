@@ -24,6 +24,54 @@ pub struct Config {
     pub debate: DebateConfig,
     pub generation: GenerationConfig,
     pub plugins: PluginsConfig,
+    pub train: TrainConfig,
+}
+
+/// `maporl train`: who learns, for how long, with what adapter and PPO settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// "maporl": every agent learns, jointly; "single": only agent 0 learns, the others stay
+    /// frozen (the paper's single-agent baseline).
+    pub mode: String,
+    /// PPO iterations (rollout + update).
+    pub steps: usize,
+    /// LoRA rank, alpha, and the PEFT module names it adapts.
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    pub lora_targets: Vec<String>,
+    /// The KL coefficient; with `kl_target` it adapts towards that KL over `kl_horizon`.
+    pub kl_coef: f64,
+    pub kl_target: Option<f64>,
+    pub kl_horizon: f64,
+    pub ppo: crate::ppo::PpoConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        // PAPER.md §5: LoRA r8 alpha16 on q,k,v,o,gate,up,down; lambda_KL 0.002.
+        TrainConfig {
+            mode: "maporl".into(),
+            steps: 10,
+            lora_r: 8,
+            lora_alpha: 16.0,
+            lora_targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
+            kl_coef: 0.002,
+            kl_target: None,
+            kl_horizon: 10_000.0,
+            ppo: crate::ppo::PpoConfig::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -275,6 +323,12 @@ impl Config {
         }
         if g.max_new_tokens == 0 {
             bail!("generation.max_new_tokens must be at least 1");
+        }
+        if !["maporl", "single"].contains(&self.train.mode.as_str()) {
+            bail!(
+                "train.mode = {:?}: expected \"maporl\" or \"single\"",
+                self.train.mode
+            );
         }
         Ok(())
     }

@@ -26,6 +26,16 @@ pub struct Response {
     pub text: String,
     pub prompt_tokens: usize,
     pub response_tokens: usize,
+    /// The token ids, for training; empty when the team has no tokenizer (scripted).
+    #[serde(skip)]
+    pub ids: TokenIds,
+}
+
+/// The prompt and response token ids of one utterance, as its agent's model saw them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenIds {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
 }
 
 /// Whoever produces the agents' responses: LLM agents, or a scripted stand-in.
@@ -57,6 +67,9 @@ pub struct Speech {
     pub messages: Vec<ChatMessage>,
     pub prompt_tokens: usize,
     pub response_tokens: usize,
+    /// Not written to transcripts.
+    #[serde(skip)]
+    pub ids: TokenIds,
 }
 
 /// One finished debate.
@@ -179,6 +192,7 @@ pub fn run(
                     messages: prompt.messages.clone(),
                     prompt_tokens: response.prompt_tokens,
                     response_tokens: response.response_tokens,
+                    ids: response.ids,
                 });
             }
             let started = Instant::now();

@@ -96,6 +96,7 @@ impl Team for ScriptedTeam {
                     prompt_tokens: messages.iter().map(|m| words(&m.content)).sum(),
                     response_tokens: words(&text),
                     text,
+                    ids: Default::default(),
                 }
             })
             .collect())

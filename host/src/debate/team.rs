@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 
-use super::{Response, Team};
+use super::{Response, Team, TokenIds};
 use crate::model::{self, Agent, ChatTemplate, GenerateOptions, Sampler, SamplingParams};
 use crate::transcript::{ChatMessage, Role};
 
@@ -77,9 +77,13 @@ impl ModelTeam {
         })
     }
 
-    /// The agents, e.g. for training their adapters.
-    pub fn agents_mut(&mut self) -> impl Iterator<Item = &mut Agent> {
-        self.members.iter_mut().map(|m| &mut m.agent)
+    /// Agent `a`, e.g. to give it an adapter and a value head for training.
+    pub fn agent_mut(&mut self, a: usize) -> &mut Agent {
+        &mut self.members[a].agent
+    }
+
+    pub fn agent(&self, a: usize) -> &Agent {
+        &self.members[a].agent
     }
 
     fn respond_as(
@@ -125,6 +129,10 @@ impl ModelTeam {
                     text: text.trim().to_string(),
                     prompt_tokens: prompt.len(),
                     response_tokens: g.tokens.len(),
+                    ids: TokenIds {
+                        prompt: prompt.clone(),
+                        response: g.tokens,
+                    },
                 });
             }
         }
