@@ -71,6 +71,10 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
             assert!(stats["grad_norm"].as_f64().unwrap() > 0.0, "{stats}");
             assert!(stats["tokens"].as_u64().unwrap() > 0);
             assert!(stats["value_loss"].as_f64().unwrap().is_finite());
+            // A random model's next-token distribution is far from deterministic, and no
+            // entropy exceeds ln(vocab).
+            let entropy = stats["entropy"].as_f64().unwrap();
+            assert!(entropy > 1.0 && entropy <= (49152f64).ln(), "{entropy}");
         }
         assert_eq!(
             line["accuracy"].as_array().unwrap().len(),
@@ -79,6 +83,17 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
         );
         assert!(line["reward_parts"]["influence"].is_number(), "{line}");
     }
+    // The learning rate decays linearly to 0.1x by the last step.
+    let lrs: Vec<f64> = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["learning_rate"].as_f64().unwrap())
+        .collect();
+    assert!(
+        (lrs[0] - 0.001).abs() < 1e-12 && (lrs[1] - 0.0001).abs() < 1e-12,
+        "{lrs:?}"
+    );
     // Before the first update the adapter is zero: the policy is the reference, KL 0.
     assert_eq!(lines[0]["agents"]["0"]["kl"].as_f64().unwrap(), 0.0);
     assert_ne!(

@@ -15,12 +15,13 @@ use super::run::{tasks, ConfigArgs, Setup};
 use crate::config::{write_atomic, Config};
 use crate::debate::{self, Debate};
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
-use crate::ppo::{ppo_step, AgentOptimizer, KlController, Sample, StepStats};
+use crate::ppo::{learning_rate, ppo_step, AgentOptimizer, KlController, Sample, StepStats};
 
 /// One line of `metrics.jsonl`.
 #[derive(Serialize)]
 struct Metrics {
     step: usize,
+    learning_rate: f64,
     tasks: usize,
     /// Majority accuracy per turn on this step's debates.
     accuracy: Vec<f64>,
@@ -103,6 +104,11 @@ pub fn train(args: ConfigArgs) -> anyhow::Result<()> {
         )?;
         let rollout_seconds = started.elapsed().as_secs_f64();
         let started = Instant::now();
+        let t = &cfg.train;
+        let lr = learning_rate(step, t.steps, t.warmup_steps, t.ppo.lr, t.final_lr_fraction);
+        for o in &mut optimizers {
+            o.set_lr(lr);
+        }
         let mut agents = BTreeMap::new();
         for (k, &a) in learners.iter().enumerate() {
             let samples = samples_of(&rollout.debates, a);
@@ -131,6 +137,7 @@ pub fn train(args: ConfigArgs) -> anyhow::Result<()> {
             .sum();
         let line = Metrics {
             step,
+            learning_rate: lr,
             tasks: report.tasks,
             accuracy: report.turns.iter().map(|t| t.majority_accuracy).collect(),
             reward_parts: reward_parts(&rollout.debates),

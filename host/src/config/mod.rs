@@ -44,6 +44,9 @@ pub struct TrainConfig {
     pub kl_coef: f64,
     pub kl_target: Option<f64>,
     pub kl_horizon: f64,
+    /// Steps of linear learning-rate warmup, then linear decay to `final_lr_fraction` × lr.
+    pub warmup_steps: usize,
+    pub final_lr_fraction: f64,
     pub ppo: crate::ppo::PpoConfig,
 }
 
@@ -69,6 +72,8 @@ impl Default for TrainConfig {
             kl_coef: 0.002,
             kl_target: None,
             kl_horizon: 10_000.0,
+            warmup_steps: 0,
+            final_lr_fraction: 0.1,
             ppo: crate::ppo::PpoConfig::default(),
         }
     }

@@ -241,6 +241,8 @@ pub struct Scored {
     pub values: Option<Tensor>,
     /// (batch, R) 1.0 on real response tokens, 0.0 elsewhere.
     pub mask: Tensor,
+    /// (batch, R) entropy of the policy's next-token distribution at each position.
+    pub entropy: Tensor,
 }
 
 /// Scores `(prompt, response)` pairs with `agent`: lm_head runs only over response positions, in
@@ -273,6 +275,7 @@ pub fn score(
     let targets = ids.narrow(1, len - r_max, r_max)?;
     let chunk = chunk.max(1);
     let mut parts = Vec::new();
+    let mut entropy_parts = Vec::new();
     let mut c0 = 0;
     while c0 < r_max {
         let n = chunk.min(r_max - c0);
@@ -282,6 +285,7 @@ pub fn score(
         let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let tgt = targets.narrow(1, c0, n)?.contiguous()?.unsqueeze(2)?;
         parts.push(lsm.gather(&tgt, 2)?.squeeze(2)?);
+        entropy_parts.push((lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?);
         c0 += n;
     }
     let logprobs = Tensor::cat(&parts, 1)?;
@@ -298,5 +302,6 @@ pub fn score(
         logprobs,
         values,
         mask,
+        entropy: Tensor::cat(&entropy_parts, 1)?,
     })
 }

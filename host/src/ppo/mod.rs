@@ -14,4 +14,4 @@ mod step;
 pub use advantage::{gae, token_rewards, whiten};
 pub use kl::{KlController, KlEstimator};
 pub use loss::{policy_loss, value_loss, LossStats};
-pub use step::{ppo_step, AgentOptimizer, PpoConfig, Sample, StepStats};
+pub use step::{learning_rate, ppo_step, AgentOptimizer, PpoConfig, Sample, StepStats};

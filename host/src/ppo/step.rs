@@ -32,6 +32,8 @@ pub struct PpoConfig {
     /// ε of the clipped value loss.
     pub value_clip: f64,
     pub vf_coef: f64,
+    /// Weight of the entropy bonus (0: entropy is only measured).
+    pub ent_coef: f64,
     /// γ and λ of GAE inside a response.
     pub gamma: f32,
     pub lambda: f32,
@@ -51,6 +53,7 @@ impl Default for PpoConfig {
             clip: 0.2,
             value_clip: 0.2,
             vf_coef: 0.1,
+            ent_coef: 0.0,
             gamma: 1.0,
             lambda: 0.95,
             whiten_advantages: true,
@@ -73,6 +76,8 @@ pub struct StepStats {
     pub value_loss: f32,
     pub approx_kl: f32,
     pub clip_fraction: f32,
+    /// Mean entropy of the policy over response tokens.
+    pub entropy: f32,
     /// Global gradient norm before clipping, averaged over minibatches.
     pub grad_norm: f32,
     pub tokens: usize,
@@ -148,6 +153,23 @@ fn select(
         .flat_map(|&i| x[i][width - n..].iter().copied())
         .collect();
     Ok(Tensor::from_vec(data, (idx.len(), n), dev)?)
+}
+
+/// The learning rate at `step` of `steps`: linear warmup over `warmup` steps, then linear
+/// decay to `final_fraction` of `base` at the last step (PAPER.md §5: decay to 0.1×).
+pub fn learning_rate(
+    step: usize,
+    steps: usize,
+    warmup: usize,
+    base: f64,
+    final_fraction: f64,
+) -> f64 {
+    if step < warmup {
+        return base * (step + 1) as f64 / warmup as f64;
+    }
+    let span = steps.saturating_sub(warmup).saturating_sub(1).max(1);
+    let progress = ((step - warmup) as f64 / span as f64).min(1.0);
+    base * (1.0 - progress * (1.0 - final_fraction))
 }
 
 /// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
@@ -241,10 +263,13 @@ pub fn ppo_step(
                 &m,
                 cfg.value_clip,
             )?;
-            let loss = (&pg + (&vf * cfg.vf_coef)?)?;
+            let entropy = ((&new.entropy * &m)?.sum_all()?
+                / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
+            let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
             let grad_norm = optimizer.step(loss.backward()?, cfg.max_grad_norm)?;
             stats.policy_loss += pg.to_scalar::<f32>()?;
             stats.value_loss += vf.to_scalar::<f32>()?;
+            stats.entropy += entropy.to_scalar::<f32>()?;
             stats.approx_kl += loss_stats.approx_kl;
             stats.clip_fraction += loss_stats.clip_fraction;
             stats.grad_norm += grad_norm;
@@ -256,10 +281,30 @@ pub fn ppo_step(
         &mut stats.value_loss,
         &mut stats.approx_kl,
         &mut stats.clip_fraction,
+        &mut stats.entropy,
         &mut stats.grad_norm,
     ] {
         *x /= n;
     }
     kl_control.update(f64::from(kl_per_response), samples.len());
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::learning_rate;
+
+    #[test]
+    fn warmup_then_linear_decay_to_the_final_fraction() {
+        let lr = |s| learning_rate(s, 12, 2, 1.0, 0.1);
+        assert_eq!((lr(0), lr(1)), (0.5, 1.0));
+        assert_eq!(lr(2), 1.0);
+        assert!((lr(11) - 0.1).abs() < 1e-12);
+        assert!(lr(6) < lr(5) && lr(6) > 0.1);
+        assert_eq!(
+            learning_rate(0, 1, 0, 2.0, 0.1),
+            2.0,
+            "a single step keeps the base rate"
+        );
+    }
 }
