@@ -38,15 +38,23 @@ pub fn inspect(runtime: &super::Runtime, path: &Path) -> Result<Inspection, Stri
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     let component = runtime.compile(&bytes, &sha256)?;
-    describe(&runtime.engine, path, &component)
+    Ok(describe(
+        &runtime.engine,
+        path,
+        bytes.len() as u64,
+        sha256,
+        &component,
+    ))
 }
 
+/// Describes a compiled component; `size` and `sha256` are those of its file.
 pub(crate) fn describe(
     engine: &Engine,
     path: &Path,
+    size: u64,
+    sha256: String,
     component: &Component,
-) -> Result<Inspection, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+) -> Inspection {
     let ty = component.component_type();
     let imports = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
     let mut exports = Vec::new();
@@ -77,15 +85,15 @@ pub(crate) fn describe(
             .find(|w| w.export_interface() == iface)
     });
     let version = ours.iter().find_map(|(_, v)| *v);
-    Ok(Inspection {
+    Inspection {
         file: path.display().to_string(),
-        size: bytes.len() as u64,
-        sha256: hex::encode(Sha256::digest(&bytes)),
+        size,
+        sha256,
         world: world.map(|w| w.name().to_string()),
         wit_version: version.map(|(a, b, c)| format!("{a}.{b}.{c}")),
         imports,
         exports,
-    })
+    }
 }
 
 fn signature(name: &str, func: &ComponentFunc) -> String {

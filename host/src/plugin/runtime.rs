@@ -68,6 +68,8 @@ pub struct Runtime {
 pub(crate) struct Loaded {
     pub name: String,
     pub sha256: String,
+    /// Size of the component file in bytes.
+    pub size: u64,
     pub component: Component,
 }
 
@@ -125,8 +127,13 @@ impl Runtime {
             World::RewardShaper => super::bindings::shaper::RewardShaperPre::new(pre).map(|_| ()),
         };
         typed.map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
-        inspect::describe(&self.engine, path, &loaded.component)
-            .map_err(|e| load_error(&loaded.name, world, e))
+        Ok(inspect::describe(
+            &self.engine,
+            path,
+            loaded.size,
+            loaded.sha256,
+            &loaded.component,
+        ))
     }
 
     /// Reads, compiles (or takes from the cache) and checks a component against `world`.
@@ -143,6 +150,7 @@ impl Runtime {
         Ok(Loaded {
             name,
             sha256,
+            size: bytes.len() as u64,
             component,
         })
     }
