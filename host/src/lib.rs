@@ -4,6 +4,7 @@
 //! checkpoint + metrics. Collaboration protocols, verifiers and reward shapers are
 //! WebAssembly components run in a sandbox ([`plugin`]).
 
+pub mod bundle;
 pub mod cli;
 pub mod config;
 pub mod data;

@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 use clap::Args;
 
+use crate::bundle::{LockedPlugin, PluginLock};
 use crate::config::{expand_home, write_atomic, Config};
 use crate::debate::{self, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
 use crate::model::SamplingParams;
@@ -43,6 +44,8 @@ pub(crate) struct Setup {
     pub config: Config,
     pub plugins: Plugins,
     pub team: ModelTeam,
+    /// The exact plugins loaded, for the run's `plugins.lock`.
+    pub lock: PluginLock,
 }
 
 impl Setup {
@@ -52,25 +55,28 @@ impl Setup {
             ..RuntimeOptions::default()
         })?;
         let p = &config.plugins;
+        // Paths or `bundle/component@req` references; bundles are checked against the
+        // config's trust policy and pinned by sha256 in `lock`.
+        let [protocol, verifier, shaper] = crate::bundle::resolve_plugins(&config)?;
         let plugins = Plugins {
             protocol: Protocol::load(
                 &runtime,
-                &config.plugin_path(&p.protocol),
-                &p.protocol.settings_json(),
+                &protocol.path,
+                &protocol.settings,
                 &p.protocol.limits,
             )?,
             verifier: Verifier::load(
                 &runtime,
-                &config.plugin_path(&p.verifier),
-                &p.verifier.settings_json(),
+                &verifier.path,
+                &verifier.settings,
                 &p.verifier.limits,
             )?,
-            shaper: RewardShaper::load(
-                &runtime,
-                &config.plugin_path(&p.shaper),
-                &p.shaper.settings_json(),
-                &p.shaper.limits,
-            )?,
+            shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
+        };
+        let lock = PluginLock {
+            protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
+            verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
+            shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
         };
         let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
             .map(|a| expand_home(config.agent_model(a)))
@@ -97,6 +103,7 @@ impl Setup {
             config,
             plugins,
             team,
+            lock,
         })
     }
 
@@ -153,6 +160,7 @@ pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
     write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     let mut setup = Setup::new(config)?;
+    setup.lock.write(&run_dir)?;
     let (agents, turns, batch) = (
         setup.config.debate.agents,
         setup.config.debate.turns,

@@ -42,6 +42,7 @@ pub fn train(args: ConfigArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
     write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     let mut setup = Setup::new(config)?;
+    setup.lock.write(&run_dir)?;
     let cfg = setup.config.clone();
     let learners: Vec<u32> = match cfg.train.mode.as_str() {
         "single" => vec![0],

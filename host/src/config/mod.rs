@@ -145,6 +145,13 @@ pub struct PluginsConfig {
     pub protocol: PluginConfig,
     pub verifier: PluginConfig,
     pub shaper: PluginConfig,
+    /// Bundles (`path = "bundle/component@version-req"`): the store they are installed in
+    /// (empty: `$MAPORL_BUNDLES`, else the user's data dir), the trusted-keys file (empty:
+    /// `$MAPORL_TRUSTED_KEYS`, else `~/.config/maporl/trusted-keys.toml`), and whether
+    /// unsigned or untrusted bundles may run.
+    pub store: String,
+    pub trusted_keys: String,
+    pub allow_unsigned: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -232,6 +239,9 @@ impl Default for PluginsConfig {
             protocol: PluginConfig::named("debate.wasm"),
             verifier: PluginConfig::named("gsm8k.wasm"),
             shaper: PluginConfig::named("influence.wasm"),
+            store: String::new(),
+            trusted_keys: String::new(),
+            allow_unsigned: false,
         }
     }
 }
@@ -273,6 +283,16 @@ impl Config {
         ] {
             if slot.path.is_empty() {
                 slot.path.clone_from(&default.path);
+            }
+        }
+        // A `bundle/component@req` reference with a bad name or requirement.
+        for (role, p) in [
+            ("protocol", &config.plugins.protocol),
+            ("verifier", &config.plugins.verifier),
+            ("shaper", &config.plugins.shaper),
+        ] {
+            if let Some(Err(e)) = crate::bundle::Reference::parse(&p.path) {
+                return Err(e.context(format!("plugins.{role}.path")));
             }
         }
         config.validate()?;
@@ -352,7 +372,8 @@ impl Config {
     }
 
     /// A plugin's component file: absolute, relative to the working directory when it has a
-    /// directory part, else in `plugins.dir`.
+    /// directory part, else in `plugins.dir`. (A `bundle/component@req` reference is
+    /// resolved by [`crate::bundle::resolve_plugin`] instead.)
     pub fn plugin_path(&self, plugin: &PluginConfig) -> PathBuf {
         let path = expand_home(&plugin.path);
         if path.is_absolute() || path.components().count() > 1 {

@@ -25,6 +25,7 @@ mod verifier;
 
 pub use error::{Failure, PluginError};
 pub use handle::Identity;
+pub(crate) use inspect::check_version as check_wit_version;
 pub use inspect::{inspect, Inspection};
 pub use protocol::Protocol;
 pub use runtime::{Runtime, RuntimeOptions};
