@@ -1,5 +1,6 @@
 //! The `maporl` command line.
 
+mod bundle;
 mod demo;
 mod plugin;
 mod run;
@@ -25,6 +26,10 @@ enum Command {
     /// Work with plugin components: inspect, check, scaffold, call.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Plugin bundles: pack, sign, verify, install, list, remove; push and pull them to and
+    /// from OCI registries.
+    #[command(subcommand)]
+    Bundle(bundle::BundleCommand),
     /// Evaluate a team of LLM agents: debates over the config's tasks, per-turn accuracy,
     /// transitions; writes transcripts and metrics into the run directory.
     Eval(run::ConfigArgs),
@@ -57,6 +62,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plugin(cmd) => plugin::run(cmd),
+        Command::Bundle(cmd) => bundle::run(cmd),
         Command::Eval(args) => run::eval(args),
         Command::Debate(args) => run::debate(args),
         Command::Train(args) => train::train(args),
