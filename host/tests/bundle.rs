@@ -1,0 +1,964 @@
+//! Plugin bundles: pack, sign, verify, install, list, remove through the `maporl` binary;
+//! references from run configs resolved against the store; `plugins.lock` and the resume
+//! check; every tampering case refused with its reason; push and pull through a real OCI
+//! registry (Debian's docker-registry) on loopback.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use maporl::bundle::{self, Manifest, NewBundle, PluginLock};
+use maporl::config::Config;
+use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
+use support::*;
+
+/// A scratch world for one test: its own bundle store, trusted-keys file and component cache,
+/// so nothing touches the user's.
+struct Env {
+    root: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            root: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    fn store(&self) -> PathBuf {
+        self.path("store")
+    }
+
+    fn trusted(&self) -> PathBuf {
+        self.path("trusted-keys.toml")
+    }
+
+    fn maporl(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_maporl"))
+            .args(args)
+            .current_dir(self.root.path())
+            .env("MAPORL_BUNDLES", self.store())
+            .env("MAPORL_TRUSTED_KEYS", self.trusted())
+            .env("MAPORL_CACHE_DIR", self.path("cache"))
+            .env("MAPORL_PLUGINS", plugins_dir())
+            .output()
+            .expect("running maporl")
+    }
+
+    /// Runs maporl, asserts success, returns stdout and stderr together.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.maporl(args);
+        let text = text(&out);
+        assert!(out.status.success(), "maporl {args:?} failed:\n{text}");
+        text
+    }
+
+    /// Runs maporl, asserts failure, returns stdout and stderr together.
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.maporl(args);
+        let text = text(&out);
+        assert!(
+            !out.status.success(),
+            "maporl {args:?} should fail:\n{text}"
+        );
+        text
+    }
+
+    /// A bundle source directory `NAME-VERSION` with the given reference plugins and a
+    /// bundle.toml listing them (the debate protocol gets a default setting).
+    fn source(&self, name: &str, version: &str, plugins: &[&str]) -> PathBuf {
+        let dir = self.path(&format!("{name}-{version}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut manifest = format!(
+            "[bundle]\nname = \"{name}\"\nversion = \"{version}\"\n\
+             description = \"The reference debate, verifier and shaper\"\n\
+             licence = \"Apache-2.0\"\nauthors = [\"maporl tests\"]\n"
+        );
+        for p in plugins {
+            let file = format!("{p}.wasm");
+            std::fs::copy(plugin(p), dir.join(&file)).unwrap();
+            manifest.push_str(&format!("\n[[component]]\nfile = \"{file}\"\n"));
+            if *p == "debate" {
+                manifest.push_str("[component.settings]\nearly_stop = true\npeers = 1\n");
+            }
+        }
+        std::fs::write(dir.join("bundle.toml"), manifest).unwrap();
+        dir
+    }
+
+    /// A key pair `keys/NAME.{key,pub}`; trusted when `trust`.
+    fn key(&self, name: &str, trust: bool) -> (PathBuf, PathBuf) {
+        let prefix = self.path(&format!("keys/{name}"));
+        let out = self.ok(&[
+            "bundle",
+            "keygen",
+            "--out",
+            prefix.to_str().unwrap(),
+            "--name",
+            name,
+        ]);
+        assert!(out.contains("secret key"), "{out}");
+        let (key, public) = (prefix.with_extension("key"), prefix.with_extension("pub"));
+        if trust {
+            let out = self.ok(&["bundle", "trust", public.to_str().unwrap()]);
+            assert!(out.contains(&format!("as {name}")), "{out}");
+        }
+        (key, public)
+    }
+
+    /// A packed bundle of debate, gsm8k and influence, signed with `key` when given.
+    fn signed(&self, name: &str, version: &str, key: Option<&Path>) -> PathBuf {
+        let dir = self.source(name, version, &["debate", "gsm8k", "influence"]);
+        self.ok(&["bundle", "pack", dir.to_str().unwrap()]);
+        if let Some(key) = key {
+            self.ok(&[
+                "bundle",
+                "sign",
+                dir.to_str().unwrap(),
+                "--key",
+                key.to_str().unwrap(),
+            ]);
+        }
+        dir
+    }
+
+    /// A run config using this env's store and trusted keys, plus `extra` TOML.
+    fn config(&self, plugins: &str, extra: &str) -> Config {
+        let text = format!(
+            "[plugins]\nstore = {:?}\ntrusted_keys = {:?}\n{extra}\n{plugins}",
+            self.store().display().to_string(),
+            self.trusted().display().to_string()
+        );
+        Config::parse(&text, &[]).unwrap_or_else(|e| panic!("{e:#}\n{text}"))
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Signs `dir` again with `key` (as someone holding a trusted key would after editing it).
+fn resign(dir: &Path, key: &Path) {
+    let key = bundle::read_signing_key(key).unwrap();
+    let bytes = std::fs::read(dir.join("bundle.toml")).unwrap();
+    std::fs::write(
+        dir.join("bundle.toml.sig"),
+        bundle::sign(&key, &bytes).to_toml(),
+    )
+    .unwrap();
+}
+
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut Manifest)) {
+    let (mut m, _) = Manifest::read(dir).unwrap();
+    edit(&mut m);
+    std::fs::write(dir.join("bundle.toml"), m.to_toml()).unwrap();
+}
+
+const PLUGINS: &str = "[plugins.protocol]\npath = \"arith/debate@^0.1\"\n\
+                       [plugins.protocol.settings]\npeers = 2\n\
+                       [plugins.verifier]\npath = \"arith/gsm8k@^0.1\"\n\
+                       [plugins.shaper]\npath = \"arith/influence@^0.1\"\n";
+
+#[test]
+fn round_trip_pack_sign_verify_install_list_resolve_remove() {
+    let env = Env::new();
+    let dir = env.source("arith", "0.1.0", &["debate", "gsm8k", "influence"]);
+    let out = env.ok(&["bundle", "pack", s(&dir)]);
+    assert!(out.contains("packed arith@0.1.0"), "{out}");
+    assert!(out.contains("maporl:plugin@0.1.0"), "{out}");
+    let (m, _) = Manifest::read(&dir).unwrap();
+    let worlds: Vec<_> = m
+        .components
+        .iter()
+        .map(|c| (c.name.as_str(), c.world.as_str()))
+        .collect();
+    assert_eq!(
+        worlds,
+        [
+            ("debate", "protocol"),
+            ("gsm8k", "verifier"),
+            ("influence", "reward-shaper")
+        ]
+    );
+    for c in &m.components {
+        assert_eq!(
+            c.sha256,
+            bundle::sha256_hex(&std::fs::read(dir.join(&c.file)).unwrap())
+        );
+    }
+    assert_eq!(m.bundle.licence, "Apache-2.0");
+    assert_eq!(m.bundle.wit, "maporl:plugin@0.1.0");
+
+    let (key, _) = env.key("lab-a", true);
+    let out = env.ok(&["bundle", "sign", s(&dir), "--key", s(&key)]);
+    assert!(out.contains("signed arith@0.1.0"), "{out}");
+    let out = env.ok(&["bundle", "verify", s(&dir)]);
+    assert!(
+        out.contains("ok: bundle arith@0.1.0") && out.contains("signed by lab-a"),
+        "{out}"
+    );
+    let out = env.ok(&["bundle", "inspect", s(&dir)]);
+    assert!(
+        out.contains("trusted as lab-a")
+            && out.contains("arith/debate@0.1.0  world protocol")
+            && out.contains("sha256 ok")
+            && out.contains(r#"default settings: {"early_stop":true,"peers":1}"#),
+        "{out}"
+    );
+
+    let out = env.ok(&["bundle", "install", s(&dir)]);
+    assert!(out.contains("installed arith@0.1.0"), "{out}");
+    assert!(env.store().join("arith/0.1.0/debate.wasm").is_file());
+    assert!(env.store().join("arith/0.1.0/bundle.toml.sig").is_file());
+    // Installing the same bundle again is a no-op; an installed bundle verifies by name.
+    env.ok(&["bundle", "install", s(&dir)]);
+    env.ok(&["bundle", "verify", "arith@^0.1"]);
+    let out = env.ok(&["bundle", "list"]);
+    assert!(
+        out.contains("arith@0.1.0  signed  maporl:plugin@0.1.0")
+            && out.contains("arith/gsm8k@0.1.0  verifier"),
+        "{out}"
+    );
+
+    // A run config names the plugins by reference; settings merge over the defaults.
+    let config = env.config(PLUGINS, "");
+    let [protocol, verifier, shaper] = bundle::resolve_plugins(&config).unwrap();
+    assert_eq!(protocol.path, env.store().join("arith/0.1.0/debate.wasm"));
+    assert_eq!(
+        protocol.settings,
+        serde_json::json!({"early_stop": true, "peers": 2})
+    );
+    let b = protocol.bundle.as_ref().unwrap();
+    assert_eq!(
+        (b.name.as_str(), b.version.to_string()),
+        ("arith", "0.1.0".into())
+    );
+    assert_eq!(b.sha256, m.components[0].sha256);
+    assert_eq!(verifier.settings, serde_json::json!({}));
+    assert!(shaper.path.ends_with("influence.wasm"));
+    // ... and they load as the run would load them.
+    let (rt, _, _c) = runtime();
+    Protocol::load(&rt, &protocol.path, &protocol.settings, &Limits::default()).unwrap();
+    Verifier::load(&rt, &verifier.path, &verifier.settings, &Limits::default()).unwrap();
+    RewardShaper::load(&rt, &shaper.path, &shaper.settings, &Limits::default()).unwrap();
+    // A path still works next to references.
+    let mixed = env.config(
+        "[plugins.protocol]\npath = \"arith/debate\"\n[plugins.verifier]\npath = \"exact_match.wasm\"\n",
+        "",
+    );
+    let [_, path, _] = bundle::resolve_plugins(&mixed).unwrap();
+    assert!(path.bundle.is_none() && path.path.ends_with("exact_match.wasm"));
+    // A reference to the wrong world, or a component the bundle lacks, is refused by name.
+    let wrong = env.config("[plugins.verifier]\npath = \"arith/debate\"\n", "");
+    let err = format!("{:#}", bundle::resolve_plugins(&wrong).unwrap_err());
+    assert!(
+        err.contains("targets world `protocol`, not world `verifier`"),
+        "{err}"
+    );
+    let missing = env.config("[plugins.verifier]\npath = \"arith/anli\"\n", "");
+    let err = format!("{:#}", bundle::resolve_plugins(&missing).unwrap_err());
+    assert!(
+        err.contains("has no component `anli`") && err.contains("gsm8k (verifier)"),
+        "{err}"
+    );
+    // A malformed reference is a config error naming the key.
+    let err = format!(
+        "{:#}",
+        Config::parse("[plugins.protocol]\npath = \"arith/debate@banana\"\n", &[]).unwrap_err()
+    );
+    assert!(
+        err.contains("plugins.protocol.path") && err.contains("banana"),
+        "{err}"
+    );
+
+    let out = env.ok(&["bundle", "remove", "arith"]);
+    assert!(out.contains("removed arith@0.1.0"), "{out}");
+    assert!(env.ok(&["bundle", "list"]).contains("no bundles installed"));
+    let err = format!("{:#}", bundle::resolve_plugins(&config).unwrap_err());
+    assert!(
+        err.contains("no bundle `arith` is installed") && err.contains("arith/debate@^0.1"),
+        "{err}"
+    );
+    let out = env.fails(&["bundle", "remove", "arith"]);
+    assert!(out.contains("no bundle `arith` is installed"), "{out}");
+}
+
+#[test]
+fn a_changed_byte_in_a_component_is_refused() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    let file = dir.join("gsm8k.wasm");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    for cmd in ["verify", "install"] {
+        let out = env.fails(&["bundle", cmd, s(&dir)]);
+        assert!(
+            out.contains("component `gsm8k` (gsm8k.wasm)")
+                && out.contains("the component was changed after the bundle was packed"),
+            "{cmd}: {out}"
+        );
+    }
+    assert!(!env.store().join("arith").exists(), "nothing installed");
+    assert!(env
+        .ok(&["bundle", "inspect", s(&dir)])
+        .contains("sha256 MISMATCH"));
+    // Signing does not launder it: sign refuses a bundle whose files do not match.
+    let out = env.fails(&["bundle", "sign", s(&dir), "--key", s(&key)]);
+    assert!(out.contains("refusing to sign"), "{out}");
+
+    // The same tampering inside the store is caught when a run resolves the reference.
+    let clean = env.signed("arith2", "0.1.0", Some(&key));
+    env.ok(&["bundle", "install", s(&clean)]);
+    let installed = env.store().join("arith2/0.1.0/debate.wasm");
+    let mut bytes = std::fs::read(&installed).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x80;
+    std::fs::write(&installed, &bytes).unwrap();
+    let config = env.config("[plugins.protocol]\npath = \"arith2/debate\"\n", "");
+    let err = format!("{:#}", bundle::resolve_plugins(&config).unwrap_err());
+    assert!(
+        err.contains("arith2@0.1.0 is damaged or tampered with")
+            && err.contains("changed after the bundle was packed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_manifest_edited_after_signing_is_refused() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    // Someone raises a default setting after the signature.
+    let path = dir.join("bundle.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replacen("peers = 1", "peers = 9", 1);
+    assert_ne!(text, edited);
+    std::fs::write(&path, edited).unwrap();
+    for cmd in ["verify", "install"] {
+        let out = env.fails(&["bundle", cmd, s(&dir), "--allow-unsigned"]);
+        assert!(
+            out.contains("the signature does not match bundle.toml")
+                && out.contains("the manifest was changed after it was signed"),
+            "{cmd}: {out}"
+        );
+    }
+    assert!(env.ok(&["bundle", "inspect", s(&dir)]).contains("INVALID"));
+}
+
+#[test]
+fn a_component_of_the_wrong_world_is_refused() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    // The manifest claims the verifier is a protocol; hashes match, the signature is good.
+    edit_manifest(&dir, |m| m.components[1].world = "protocol".into());
+    resign(&dir, &key);
+    let out = env.fails(&["bundle", "verify", s(&dir)]);
+    assert!(
+        out.contains("component `gsm8k` (gsm8k.wasm)")
+            && out.contains("targets world `verifier`")
+            && out.contains("not world `protocol`"),
+        "{out}"
+    );
+    env.fails(&["bundle", "install", s(&dir)]);
+    // pack catches the same lie in a hand-written manifest.
+    let src = env.source("other", "0.1.0", &["gsm8k"]);
+    let path = src.join("bundle.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "file = \"gsm8k.wasm\"",
+            "file = \"gsm8k.wasm\"\nworld = \"protocol\"",
+        ),
+    )
+    .unwrap();
+    let out = env.fails(&["bundle", "pack", s(&src)]);
+    assert!(
+        out.contains("says world `protocol`, but the component targets world `verifier`"),
+        "{out}"
+    );
+}
+
+/// Rewrites the WIT version in a built component (same length, so the binary stays valid).
+fn with_wit_version(bytes: &[u8], version: &str) -> Vec<u8> {
+    assert_eq!(version.len(), "0.1.0".len());
+    let mut bytes = bytes.to_vec();
+    let from = b"maporl:plugin/";
+    let mut i = 0;
+    let mut replaced = 0;
+    while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
+        let start = i + pos;
+        let at = bytes[start..]
+            .iter()
+            .position(|&b| b == b'@')
+            .map(|p| start + p + 1);
+        if let Some(at) = at.filter(|&at| bytes[at..].starts_with(b"0.1.0")) {
+            bytes[at..at + 5].copy_from_slice(version.as_bytes());
+            replaced += 1;
+        }
+        i = start + from.len();
+    }
+    assert!(replaced > 0);
+    bytes
+}
+
+#[test]
+fn a_wit_major_version_bump_is_refused() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    let bumped = with_wit_version(&std::fs::read(dir.join("debate.wasm")).unwrap(), "1.0.0");
+    std::fs::write(dir.join("debate.wasm"), &bumped).unwrap();
+    // The component is rebuilt against maporl:plugin@1.0.0 and the manifest honestly says so.
+    edit_manifest(&dir, |m| {
+        m.bundle.wit = "maporl:plugin@1.0.0".into();
+        m.components[0].sha256 = bundle::sha256_hex(&bumped);
+    });
+    resign(&dir, &key);
+    let out = env.fails(&["bundle", "verify", s(&dir)]);
+    assert!(
+        out.contains("wit = \"maporl:plugin@1.0.0\"")
+            && out.contains("is built against maporl:plugin@1.0.0")
+            && out.contains("this host implements maporl:plugin@0.1.0"),
+        "{out}"
+    );
+    // The manifest hides the bump: the component itself is refused.
+    edit_manifest(&dir, |m| m.bundle.wit = "maporl:plugin@0.1.0".into());
+    resign(&dir, &key);
+    let out = env.fails(&["bundle", "install", s(&dir)]);
+    assert!(
+        out.contains("component `debate` (debate.wasm)")
+            && out.contains("maporl:plugin@1.0.0")
+            && out.contains("same major version"),
+        "{out}"
+    );
+    // And pack will not pack it.
+    let src = env.source("bumped", "0.1.0", &["debate"]);
+    std::fs::write(src.join("debate.wasm"), &bumped).unwrap();
+    let out = env.fails(&["bundle", "pack", s(&src)]);
+    assert!(out.contains("maporl:plugin@1.0.0"), "{out}");
+}
+
+#[test]
+fn unsigned_or_untrusted_bundles_are_refused_unless_allowed() {
+    let env = Env::new();
+    let unsigned = env.signed("plain", "0.1.0", None);
+    let out = env.fails(&["bundle", "verify", s(&unsigned)]);
+    assert!(
+        out.contains("is unsigned") && out.contains("--allow-unsigned"),
+        "{out}"
+    );
+    env.fails(&["bundle", "install", s(&unsigned)]);
+    let out = env.ok(&["bundle", "install", s(&unsigned), "--allow-unsigned"]);
+    assert!(
+        out.contains("installed plain@0.1.0") && out.contains("warning: plain@0.1.0 is unsigned"),
+        "{out}"
+    );
+
+    let (stranger, stranger_pub) = env.key("stranger", false);
+    let untrusted = env.signed("strange", "0.1.0", Some(&stranger));
+    let out = env.fails(&["bundle", "verify", s(&untrusted)]);
+    assert!(
+        out.contains("is signed by key") && out.contains("not in the trusted keys"),
+        "{out}"
+    );
+    env.ok(&["bundle", "install", s(&untrusted), "--allow-unsigned"]);
+
+    // Run configs: refused unless plugins.allow_unsigned = true.
+    for (name, allowed) in [("plain", false), ("strange", false), ("plain", true)] {
+        let config = env.config(
+            &format!("[plugins.protocol]\npath = \"{name}/debate@0.1\"\n"),
+            if allowed { "allow_unsigned = true" } else { "" },
+        );
+        let result = bundle::resolve_plugins(&config);
+        if allowed {
+            let [p, _, _] = result.unwrap();
+            assert_eq!(p.bundle.unwrap().trust, bundle::Trust::Unsigned);
+        } else {
+            let err = format!("{:#}", result.unwrap_err());
+            assert!(
+                err.contains("plugins.allow_unsigned = true") && err.contains(name),
+                "{err}"
+            );
+        }
+    }
+    // Trusting the stranger's key makes its bundle acceptable.
+    env.ok(&["bundle", "trust", s(&stranger_pub)]);
+    let config = env.config("[plugins.protocol]\npath = \"strange/debate\"\n", "");
+    let [p, _, _] = bundle::resolve_plugins(&config).unwrap();
+    assert!(
+        matches!(p.bundle.unwrap().trust, bundle::Trust::Trusted { name, .. } if name == "stranger")
+    );
+}
+
+#[test]
+fn version_requirements_resolve_to_the_highest_match() {
+    let env = Env::new();
+    let (rt, _, _c) = runtime();
+    let store = bundle::Store::new(env.store());
+    let policy = bundle::TrustPolicy {
+        trusted_keys: env.trusted(),
+        allow_unsigned: true,
+    };
+    for v in ["0.1.0", "0.1.5", "0.2.0", "1.0.0-rc.1"] {
+        let dir = env.source("arith", v, &["debate"]);
+        bundle::pack(&rt, &dir, &NewBundle::default()).unwrap();
+        let verified = bundle::verify(&rt, &dir, &policy).unwrap();
+        store.install(&verified, false).unwrap();
+    }
+    for (req, want) in [
+        ("^0.1", "0.1.5"),
+        ("0.1", "0.1.5"),
+        ("=0.1.0", "0.1.0"),
+        ("<0.1.5", "0.1.0"),
+        (">=0.1, <1", "0.2.0"),
+        ("*", "0.2.0"),
+        ("^1.0.0-rc.1", "1.0.0-rc.1"),
+    ] {
+        let config = env.config(
+            &format!("[plugins.protocol]\npath = \"arith/debate@{req}\"\n"),
+            "allow_unsigned = true",
+        );
+        let [p, _, _] = bundle::resolve_plugins(&config).unwrap();
+        assert_eq!(p.bundle.unwrap().version.to_string(), want, "{req}");
+        assert!(p.path.starts_with(env.store().join("arith").join(want)));
+    }
+    let config = env.config(
+        "[plugins.protocol]\npath = \"arith/debate@^0.3\"\n",
+        "allow_unsigned = true",
+    );
+    let err = format!("{:#}", bundle::resolve_plugins(&config).unwrap_err());
+    assert!(
+        err.contains("no installed version of bundle `arith` matches `^0.3`")
+            && err.contains("0.1.0, 0.1.5, 0.2.0"),
+        "{err}"
+    );
+    // Several versions: remove wants one named, or --all.
+    let out = env.fails(&["bundle", "remove", "arith"]);
+    assert!(out.contains("several versions"), "{out}");
+    let out = env.ok(&["bundle", "remove", "arith@0.1.5"]);
+    assert!(out.contains("removed arith@0.1.5"), "{out}");
+    let config = env.config(
+        "[plugins.protocol]\npath = \"arith/debate@^0.1\"\n",
+        "allow_unsigned = true",
+    );
+    let [p, _, _] = bundle::resolve_plugins(&config).unwrap();
+    assert_eq!(p.bundle.unwrap().version.to_string(), "0.1.0");
+    env.ok(&["bundle", "remove", "arith", "--all"]);
+    assert!(!env.store().join("arith").exists());
+}
+
+fn lock_of(config: &Config) -> PluginLock {
+    let (rt, _, _c) = runtime();
+    let [p, v, s] = bundle::resolve_plugins(config).unwrap();
+    let protocol = Protocol::load(&rt, &p.path, &p.settings, &Limits::default()).unwrap();
+    let verifier = Verifier::load(&rt, &v.path, &v.settings, &Limits::default()).unwrap();
+    let shaper = RewardShaper::load(&rt, &s.path, &s.settings, &Limits::default()).unwrap();
+    PluginLock {
+        protocol: bundle::LockedPlugin::new(&p, &protocol.identity().sha256).unwrap(),
+        verifier: bundle::LockedPlugin::new(&v, &verifier.identity().sha256).unwrap(),
+        shaper: bundle::LockedPlugin::new(&s, &shaper.identity().sha256).unwrap(),
+    }
+}
+
+#[test]
+fn plugins_lock_pins_exact_versions_and_resume_refuses_a_change() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let v010 = env.signed("arith", "0.1.0", Some(&key));
+    env.ok(&["bundle", "install", s(&v010)]);
+    // No protocol settings: 0.1.1's protocol (round-robin) takes different ones. The
+    // verifier and shaper are pinned, so only the protocol moves.
+    let plugins = PLUGINS
+        .replace("[plugins.protocol.settings]\npeers = 2\n", "")
+        .replace("gsm8k@^0.1", "gsm8k@=0.1.0")
+        .replace("influence@^0.1", "influence@=0.1.0");
+    let config = env.config(&plugins, "");
+    let run = env.path("run");
+    let lock = lock_of(&config);
+    lock.write(&run).unwrap();
+    let text = std::fs::read_to_string(run.join("plugins.lock")).unwrap();
+    let (m, _) = Manifest::read(&v010).unwrap();
+    assert!(
+        text.contains("reference = \"arith/debate@^0.1\"")
+            && text.contains("bundle = \"arith\"")
+            && text.contains("version = \"0.1.0\"")
+            && text.contains("file = \"debate.wasm\"")
+            && text.contains(&format!("sha256 = \"{}\"", m.components[0].sha256)),
+        "{text}"
+    );
+    // Same plugins: resuming is fine.
+    assert!(bundle::check_lock(&run, &lock_of(&config), false)
+        .unwrap()
+        .is_empty());
+
+    // 0.1.1 ships another protocol under the same name: `^0.1` now picks it up.
+    let v011 = env.source("arith", "0.1.1", &["gsm8k", "influence"]);
+    std::fs::copy(plugin("round_robin"), v011.join("debate.wasm")).unwrap();
+    let text = std::fs::read_to_string(v011.join("bundle.toml")).unwrap();
+    std::fs::write(
+        v011.join("bundle.toml"),
+        format!("{text}\n[[component]]\nfile = \"debate.wasm\"\n"),
+    )
+    .unwrap();
+    env.ok(&["bundle", "pack", s(&v011)]);
+    env.ok(&["bundle", "sign", s(&v011), "--key", s(&key)]);
+    env.ok(&["bundle", "install", s(&v011)]);
+    let now = lock_of(&config);
+    assert_eq!(now.protocol.version.as_deref(), Some("0.1.1"));
+    let err = bundle::check_lock(&run, &now, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("protocol plugin `arith/debate@^0.1`")
+            && err.contains(&format!(
+                "arith@0.1.0 component debate (sha256 {})",
+                lock.protocol.sha256
+            ))
+            && err.contains(&format!(
+                "arith@0.1.1 component debate (sha256 {})",
+                now.protocol.sha256
+            ))
+            && err.contains("--allow-plugin-change"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("verifier plugin"),
+        "unchanged plugins are not named: {err}"
+    );
+    let changes = bundle::check_lock(&run, &now, true).unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    // Pinning the exact version resumes with the original plugins.
+    let pinned = env.config(&plugins.replace("debate@^0.1", "debate@=0.1.0"), "");
+    assert!(bundle::check_lock(&run, &lock_of(&pinned), false)
+        .unwrap()
+        .is_empty());
+    // A new version with the very same bytes is still a change of version, and is named.
+    let moved = env.config(
+        &plugins
+            .replace("debate@^0.1", "debate@=0.1.0")
+            .replace("gsm8k@=0.1.0", "gsm8k@^0.1"),
+        "",
+    );
+    let err = bundle::check_lock(&run, &lock_of(&moved), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("verifier plugin `arith/gsm8k@^0.1`: the run started with arith@0.1.0")
+            && err.contains("now arith@0.1.1 component gsm8k")
+            && !err.contains("protocol plugin"),
+        "{err}"
+    );
+}
+
+/// Debian's docker-registry (distribution 2.8) serving on a free loopback port with its
+/// storage in a temp dir; killed on drop.
+struct Registry {
+    child: std::process::Child,
+    addr: String,
+    storage: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let bin = std::env::var_os("MAPORL_TEST_REGISTRY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
+        assert!(
+            bin.is_file(),
+            "{} is missing: the OCI tests need a real registry. Install Debian's package \
+             (`apt-get install docker-registry`; `cargo xtask test` does it when run as root), \
+             or set MAPORL_TEST_REGISTRY to a distribution `registry` binary",
+            bin.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let storage = dir.path().join("storage");
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
+                 delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                storage.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = Command::new(&bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let registry = Registry {
+            child,
+            addr,
+            storage,
+            _dir: dir,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let up = ureq::get(&format!("http://{}/v2/", registry.addr))
+                .call()
+                .is_ok_and(|r| r.status() == 200);
+            if up {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the registry did not come up on {} within 30 s; its log:\n{}",
+                registry.addr,
+                std::fs::read_to_string(registry._dir.path().join("registry.log"))
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn seconds(out: &str, after: &str) -> f64 {
+    let line = out.lines().find(|l| l.starts_with(after)).unwrap();
+    let end = line.rfind(" s)").unwrap();
+    let start = line[..end].rfind(' ').unwrap() + 1;
+    line[start..end].trim_start_matches('(').parse().unwrap()
+}
+
+#[test]
+fn push_and_pull_through_a_real_oci_registry() {
+    let registry = Registry::start();
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    let reference = format!("{}/labs/arith:0.1.0", registry.addr);
+
+    let started = std::time::Instant::now();
+    let out = env.ok(&["bundle", "push", &reference, s(&dir)]);
+    let push_wall = started.elapsed().as_secs_f64();
+    assert!(out.contains("5 layers, 6 of 6 blobs uploaded"), "{out}");
+    let digest = out
+        .lines()
+        .find_map(|l| l.strip_prefix("digest: "))
+        .unwrap()
+        .to_string();
+    let push_s = seconds(&out, "pushed");
+    // Pushing again uploads nothing and gives the same digest.
+    let again = env.ok(&["bundle", "push", &reference, s(&dir)]);
+    assert!(
+        again.contains("0 of 6 blobs uploaded") && again.contains(&digest),
+        "{again}"
+    );
+    // Without a tag, the bundle's version is the tag.
+    let untagged = format!("{}/labs/arith", registry.addr);
+    assert!(env
+        .ok(&["bundle", "push", &untagged, s(&dir)])
+        .contains(&format!("to {reference}")));
+
+    // The layout is the Wasm OCI artifact's: wasm config, application/wasm layers, titles.
+    let url = format!("http://{}/v2/labs/arith/manifests/0.1.0", registry.addr);
+    let mut resp = ureq::get(&url)
+        .header("Accept", bundle::oci::MANIFEST_MEDIA_TYPE)
+        .call()
+        .unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&resp.body_mut().read_to_vec().unwrap()).unwrap();
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.wasm.config.v0+json"
+    );
+    let layers: Vec<(String, String)> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["mediaType"].as_str().unwrap().to_string(),
+                l["annotations"]["org.opencontainers.image.title"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let expect = [
+        ("application/wasm", "debate.wasm"),
+        ("application/wasm", "gsm8k.wasm"),
+        ("application/wasm", "influence.wasm"),
+        (bundle::oci::BUNDLE_MANIFEST_MEDIA_TYPE, "bundle.toml"),
+        (bundle::oci::BUNDLE_SIGNATURE_MEDIA_TYPE, "bundle.toml.sig"),
+    ];
+    assert_eq!(
+        layers,
+        expect.map(|(a, b)| (a.to_string(), b.to_string())).to_vec()
+    );
+    assert_eq!(
+        manifest["annotations"]["org.opencontainers.image.version"],
+        "0.1.0"
+    );
+
+    // Pull, verify and install into a second store; the files are the ones pushed.
+    let store2 = env.path("store2");
+    let started = std::time::Instant::now();
+    let out = env.ok(&[
+        "bundle",
+        "pull",
+        &reference,
+        "--out",
+        "pulled",
+        "--install",
+        "--store",
+        s(&store2),
+    ]);
+    assert!(
+        out.contains(&digest)
+            && out.contains("signed by lab")
+            && out.contains("installed arith@0.1.0"),
+        "{out}"
+    );
+    let pull_wall = started.elapsed().as_secs_f64();
+    let pull_s = seconds(&out, "pulled");
+    for f in [
+        "bundle.toml",
+        "bundle.toml.sig",
+        "debate.wasm",
+        "gsm8k.wasm",
+        "influence.wasm",
+    ] {
+        assert_eq!(
+            std::fs::read(env.path("pulled").join(f)).unwrap(),
+            std::fs::read(dir.join(f)).unwrap(),
+            "{f}"
+        );
+        assert!(store2.join("arith/0.1.0").join(f).is_file());
+    }
+    // By digest.
+    let by_digest = format!("{}/labs/arith@{digest}", registry.addr);
+    env.ok(&["bundle", "pull", &by_digest, "--out", "by-digest"]);
+    // Pulling into a directory that is not empty is refused.
+    let out = env.fails(&["bundle", "pull", &reference, "--out", "pulled"]);
+    assert!(out.contains("exists and is not empty"), "{out}");
+    // A tag that does not exist.
+    let out = env.fails(&[
+        "bundle",
+        "pull",
+        &format!("{}/labs/arith:9.9.9", registry.addr),
+        "--out",
+        "nope",
+    ]);
+    assert!(out.contains("HTTP 404"), "{out}");
+
+    // An unsigned bundle travels, but is refused on arrival unless allowed.
+    let plain = env.signed("plain", "0.2.0", None);
+    let plain_ref = format!("{}/labs/plain:0.2.0", registry.addr);
+    let out = env.ok(&["bundle", "push", &plain_ref, s(&plain)]);
+    assert!(out.contains("warning: plain@0.2.0 is unsigned"), "{out}");
+    let out = env.fails(&["bundle", "pull", &plain_ref, "--out", "plain-pulled"]);
+    assert!(out.contains("is unsigned"), "{out}");
+    env.ok(&[
+        "bundle",
+        "pull",
+        &plain_ref,
+        "--out",
+        "plain-pulled-2",
+        "--allow-unsigned",
+    ]);
+
+    // A blob changed inside the registry's storage is refused on pull.
+    let (m, _) = Manifest::read(&dir).unwrap();
+    let sha = &m.components[1].sha256;
+    let blob = registry
+        .storage
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&sha[..2])
+        .join(sha)
+        .join("data");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    let out = env.fails(&["bundle", "pull", &reference, "--out", "tampered"]);
+    assert!(out.contains(&format!("not sha256:{sha}: refused")), "{out}");
+    assert!(!env.path("tampered").exists(), "nothing left behind");
+    eprintln!(
+        "arith@0.1.0 ({} bytes of components): push {push_s:.3} s (the command, verify \
+         included: {push_wall:.3} s); pull {pull_s:.3} s (the command, verify and install \
+         included: {pull_wall:.3} s)",
+        m.components
+            .iter()
+            .map(|c| std::fs::metadata(dir.join(&c.file)).unwrap().len())
+            .sum::<u64>()
+    );
+}
+
+#[test]
+fn eval_with_bundle_references_writes_the_plugins_lock() {
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    env.ok(&["bundle", "install", s(&dir)]);
+    let run = env.path("run");
+    let config = repo().join("configs/quickstart-arith.toml");
+    let sets = [
+        format!("model.path={}", smollm2().display()),
+        format!("run_dir={}", run.display()),
+        "data.count=2".into(),
+        "debate.turns=2".into(),
+        "generation.max_new_tokens=8".into(),
+        "plugins.protocol.path=arith/debate@^0.1".into(),
+        "plugins.verifier.path=arith/gsm8k@=0.1.0".into(),
+        "plugins.shaper.path=arith/influence".into(),
+        format!("plugins.store={}", env.store().display()),
+    ];
+    let mut args = vec!["eval", "--config", s(&config)];
+    for set in &sets {
+        args.extend(["--set", set]);
+    }
+    env.ok(&args);
+    let lock = PluginLock::read(&run)
+        .unwrap()
+        .expect("eval writes plugins.lock");
+    let (m, _) = Manifest::read(&dir).unwrap();
+    for ((role, locked), c) in lock.roles().into_iter().zip(&m.components) {
+        assert_eq!(locked.bundle.as_deref(), Some("arith"), "{role}");
+        assert_eq!(locked.version.as_deref(), Some("0.1.0"), "{role}");
+        assert_eq!(locked.file.as_deref(), Some(c.file.as_str()), "{role}");
+        assert_eq!(locked.sha256, c.sha256, "{role}");
+    }
+    assert_eq!(lock.shaper.reference, "arith/influence");
+    // The transcripts carry the same hashes.
+    let first = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    assert_eq!(record["plugins"]["protocol"], lock.protocol.sha256.as_str());
+    assert!(bundle::check_lock(&run, &lock, false).unwrap().is_empty());
+}
