@@ -4,6 +4,7 @@
 //! checkpoint + metrics. Collaboration protocols, verifiers and reward shapers are
 //! WebAssembly components run in a sandbox ([`plugin`]).
 
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
@@ -12,4 +13,5 @@ pub mod eval;
 pub mod model;
 pub mod plugin;
 pub mod ppo;
+pub mod toy;
 pub mod transcript;

@@ -120,7 +120,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
         minibatches: 4,
         ..PpoConfig::default()
     };
-    let mut optimizer = AgentOptimizer::new(&agent, cfg.lr).unwrap();
+    let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
     let mut kl = KlController::Fixed { value: 0.002 };
     let mut sampler = Sampler::new(
         SamplingParams {
@@ -165,6 +165,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
                 },
                 prompt: p.clone(),
                 response: g.tokens,
+                turn: 1,
             })
             .collect();
         let stats = ppo_step(
