@@ -5,6 +5,7 @@
 //! WebAssembly components run in a sandbox ([`plugin`]).
 
 pub mod bundle;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
@@ -13,4 +14,5 @@ pub mod eval;
 pub mod model;
 pub mod plugin;
 pub mod ppo;
+pub mod toy;
 pub mod transcript;

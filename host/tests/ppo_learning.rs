@@ -120,7 +120,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
         minibatches: 4,
         ..PpoConfig::default()
     };
-    let mut optimizer = AgentOptimizer::new(&agent, cfg.lr).unwrap();
+    let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
     let mut kl = KlController::Fixed { value: 0.002 };
     let mut sampler = Sampler::new(
         SamplingParams {
@@ -165,6 +165,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
                 },
                 prompt: p.clone(),
                 response: g.tokens,
+                turn: 1,
             })
             .collect();
         let stats = ppo_step(
@@ -192,4 +193,81 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
     eprintln!("accuracy every 5 PPO steps: {curve:?}");
     let end = *curve.last().unwrap();
     assert!(end >= 0.9, "accuracy after training: {curve:?}");
+}
+
+/// Gradient accumulation changes memory, not the update: micro-batches of unequal token
+/// counts, weighted by their share of tokens, sum to the minibatch's gradient.
+#[test]
+fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
+    let base = Arc::new(tiny_base());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    // Responses of 1 to 5 tokens, so that micro-batches hold different token counts.
+    let samples: Vec<Sample> = (0..12u32)
+        .map(|i| Sample {
+            prompt: prompt(i % 4),
+            response: (0..1 + i % 5)
+                .map(|_| rng.random_range(0..V as u32))
+                .collect(),
+            reward: (i % 3) as f32 - 1.0,
+            turn: 1,
+        })
+        .collect();
+    let fresh = || {
+        let mut agent = Agent::new(base.clone());
+        let lora_cfg = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: vec!["q_proj".into(), "down_proj".into()],
+        };
+        agent.lora = Some(Lora::new(&base, lora_cfg, 1).unwrap());
+        agent.value_head = Some(ValueHead::new(H, DType::F32, &Device::Cpu, 2).unwrap());
+        agent
+    };
+    let params = |agent: &Agent| -> Vec<Vec<f32>> {
+        agent
+            .named_trainable_vars()
+            .into_iter()
+            .map(|(_, v)| {
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let train = |grad_accum: usize| {
+        let agent = fresh();
+        let cfg = PpoConfig {
+            lr: 1e-2,
+            minibatches: 2,
+            epochs: 2,
+            grad_accum,
+            ..PpoConfig::default()
+        };
+        let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
+        let mut kl = KlController::Fixed { value: 0.01 };
+        let reference = Agent::new(base.clone());
+        ppo_step(
+            &agent,
+            &reference,
+            &mut optimizer,
+            &samples,
+            &mut kl,
+            &cfg,
+            5,
+        )
+        .unwrap();
+        params(&agent)
+    };
+    let (whole, micro) = (train(1), train(3));
+    let mut worst = 0f32;
+    for (a, b) in whole.iter().zip(&micro) {
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    assert!(worst < 1e-5, "parameters differ by up to {worst}");
+    // And the update did something (else equality proves nothing).
+    assert_ne!(params(&fresh()), whole);
 }

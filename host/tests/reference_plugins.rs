@@ -459,10 +459,11 @@ fn reference_plugins_use_under_one_percent_of_the_fuel_budget() {
     impl debate::Team for Verbose {
         fn respond(
             &mut self,
+            turn: u32,
             requests: &[(u32, &[maporl::transcript::ChatMessage])],
         ) -> anyhow::Result<Vec<debate::Response>> {
             let padding = "Let me reason step by step about the quantities involved. ".repeat(16);
-            let mut out = self.0.respond(requests)?;
+            let mut out = self.0.respond(turn, requests)?;
             for r in &mut out {
                 r.text = format!("{padding}{}", r.text);
             }

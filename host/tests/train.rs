@@ -4,67 +4,115 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use support::*;
 
-fn train(run: &std::path::Path, model: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+/// `maporl train` on the quickstart config, shrunk to a tiny run; returns the process output.
+fn run_train(
+    run: &Path,
+    model: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    command(run, model, extra, env).output().unwrap()
+}
+
+fn command(run: &Path, model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
     let config = repo().join("configs/quickstart-arith.toml");
-    let model = format!("model.path={}", model.display());
-    let run_dir = format!("run_dir={}", run.display());
-    let mut args = vec![
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--set",
-        &model,
-        "--set",
-        &run_dir,
-        "--set",
-        "train.steps=2",
-        "--set",
-        "debate.batch_size=2",
-        "--set",
-        "debate.turns=2",
-        "--set",
-        "generation.max_new_tokens=6",
-        "--set",
-        "train.ppo.minibatches=2",
-        "--set",
-        "train.ppo.epochs=2",
-        "--set",
-        "train.ppo.lr=0.001",
-    ];
-    args.extend_from_slice(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
-        .args(&args)
-        .env("MAPORL_PLUGINS", plugins_dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> = metrics
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_maporl"));
+    cmd.args(["train", "--config", config.to_str().unwrap()]);
+    for set in [
+        format!("model.path={}", model.display()),
+        format!("run_dir={}", run.display()),
+        "train.steps=2".into(),
+        "debate.batch_size=2".into(),
+        "debate.turns=2".into(),
+        "generation.max_new_tokens=6".into(),
+        "train.ppo.minibatches=2".into(),
+        "train.ppo.epochs=2".into(),
+        "train.ppo.lr=0.001".into(),
+    ] {
+        cmd.args(["--set", &set]);
+    }
+    cmd.args(extra).env("MAPORL_PLUGINS", plugins_dir());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Trains; asserts success; returns the metrics lines.
+fn train(run: &Path, model: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let out = run_train(run, model, extra, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    metrics(run)
+}
+
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 2, "one line per step");
-    serde_json::Value::Array(lines)
+        .collect()
+}
+
+/// The metrics without their wall-clock fields, which differ between any two runs.
+fn without_timings(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .map(|l| {
+            let mut l = l.clone();
+            let o = l.as_object_mut().unwrap();
+            o.retain(|k, _| !k.ends_with("_seconds") && !k.ends_with("_per_second"));
+            l
+        })
+        .collect()
+}
+
+/// Every file under `dir`, relative path -> bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-qwen2");
+    std::fs::create_dir(&model).unwrap();
+    write_tiny_qwen2(&model);
+    model
 }
 
 #[test]
 fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-qwen2");
-    std::fs::create_dir(&model).unwrap();
-    write_tiny_qwen2(&model);
+    let model = tiny_model(dir.path());
 
     let run = dir.path().join("maporl");
     let lines = train(&run, &model, &[]);
-    for line in lines.as_array().unwrap() {
+    assert_eq!(lines.len(), 2, "one line per step");
+    for line in &lines {
         let agents = line["agents"].as_object().unwrap();
         assert_eq!(agents.keys().collect::<Vec<_>>(), vec!["0", "1"], "{line}");
         for stats in agents.values() {
@@ -85,8 +133,6 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     }
     // The learning rate decays linearly to 0.1x by the last step.
     let lrs: Vec<f64> = lines
-        .as_array()
-        .unwrap()
         .iter()
         .map(|l| l["learning_rate"].as_f64().unwrap())
         .collect();
@@ -123,7 +169,7 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
 
     let run = dir.path().join("single");
     let lines = train(&run, &model, &["--set", "train.mode=single"]);
-    for line in lines.as_array().unwrap() {
+    for line in &lines {
         assert_eq!(
             line["agents"]
                 .as_object()
@@ -137,4 +183,329 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
         !run.join("checkpoints/final/agent-1").exists(),
         "the frozen agent is not saved"
     );
+}
+
+#[test]
+fn a_stopped_or_killed_run_resumes_exactly_as_if_it_had_not_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let four = ["--set", "train.steps=4"];
+
+    // The reference: four steps without a break (a checkpoint only at the end).
+    let whole = dir.path().join("whole");
+    let expected = train(&whole, &model, &four);
+    assert_eq!(expected.len(), 4);
+    let final_files = files(&whole.join("checkpoints/final"));
+    assert!(
+        final_files.contains_key("agent-1/adapter_model.safetensors"),
+        "{:?}",
+        final_files.keys()
+    );
+
+    // Stopped after two steps (as Ctrl-C would), then resumed.
+    let parts = dir.path().join("parts");
+    let out = run_train(
+        &parts,
+        &model,
+        &[&four[..], &["--stop-after", "2"]].concat(),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("continue with --resume"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(metrics(&parts).len(), 2);
+    assert!(!parts.join("checkpoints/final").exists());
+    let out = run_train(&parts, &model, &[&four[..], &["--resume"]].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("resuming after step 2 of 4"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        without_timings(&metrics(&parts)),
+        without_timings(&expected)
+    );
+    assert_eq!(files(&parts.join("checkpoints/final")), final_files);
+    // The whole checkpoint, optimizer moments and samplers included, is the same.
+    assert_eq!(
+        files(&parts.join("checkpoints/step-000004")),
+        files(&whole.join("checkpoints/step-000004"))
+    );
+
+    // SIGKILLed while writing the checkpoint of step 3: the run goes back to step 2.
+    let killed = dir.path().join("killed");
+    let every = [&four[..], &["--set", "train.checkpoint_every=1"]].concat();
+    let mut child = command(
+        &killed,
+        &model,
+        &every,
+        &[("MAPORL_TEST_STALL_CHECKPOINT", "3")],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let started = std::time::Instant::now();
+    while !killed.join("checkpoint-stalled").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before stalling"
+        );
+        assert!(started.elapsed().as_secs() < 300, "the run never stalled");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let checkpoints = killed.join("checkpoints");
+    assert_eq!(
+        std::fs::read_to_string(checkpoints.join("latest")).unwrap(),
+        "step-000002"
+    );
+    assert!(!checkpoints.join("step-000003").exists());
+    assert!(
+        std::fs::read_dir(&checkpoints).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".staging-")),
+        "the half-written checkpoint was staged, not in place"
+    );
+    assert_eq!(
+        metrics(&killed).len(),
+        3,
+        "step 3 finished before its checkpoint"
+    );
+    let out = run_train(&killed, &model, &[&every[..], &["--resume"]].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("resuming after step 2 of 4"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        without_timings(&metrics(&killed)),
+        without_timings(&expected)
+    );
+    assert_eq!(files(&killed.join("checkpoints/final")), final_files);
+    let left: Vec<String> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !left.iter().any(|n| n.starts_with(".staging-")),
+        "staging leftovers are swept: {left:?}"
+    );
+}
+
+#[test]
+fn a_resume_refuses_another_config_or_plugin_and_a_fresh_run_refuses_a_used_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    let out = run_train(&run, &model, &["--stop-after", "1"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = run_train(&run, &model, &[], &[]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("already holds checkpoints"),
+        "{}",
+        text(&out)
+    );
+
+    let out = run_train(
+        &run,
+        &model,
+        &["--resume", "--set", "train.ppo.lr=0.002"],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("differs from the run's") && text(&out).contains("train.ppo.lr"),
+        "{}",
+        text(&out)
+    );
+
+    // The same shaper with one custom section appended: another component to a resume.
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    for name in ["debate", "gsm8k", "influence"] {
+        std::fs::copy(plugin(name), plugins.join(format!("{name}.wasm"))).unwrap();
+    }
+    let mut bytes = std::fs::read(plugins.join("influence.wasm")).unwrap();
+    bytes.extend_from_slice(&[0x00, 0x05, 0x04, b't', b'e', b's', b't']);
+    std::fs::write(plugins.join("influence.wasm"), bytes).unwrap();
+    let env = [("MAPORL_PLUGINS", plugins.to_str().unwrap())];
+    let out = run_train(&run, &model, &["--resume"], &env);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("its plugins changed since it started")
+            && text(&out).contains("shaper plugin `influence.wasm`")
+            && !text(&out).contains("protocol plugin")
+            && text(&out).contains("--allow-plugin-change"),
+        "{}",
+        text(&out)
+    );
+    let out = run_train(&run, &model, &["--resume", "--allow-plugin-change"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(metrics(&run).len(), 2);
+}
+
+#[test]
+fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+
+    let run = dir.path().join("off");
+    let out = run_train(&run, &model, &["--set", "train.mode=off-the-shelf"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
+    assert_eq!(report["tasks"], 8, "{report}");
+    assert!(!run.join("checkpoints").exists(), "nothing is trained");
+
+    let run = dir.path().join("sft");
+    let sft = [
+        "--set",
+        "train.mode=sft",
+        "--set",
+        "train.sft.top_fraction=0.5",
+        "--set",
+        "train.sft.epochs=4",
+        "--set",
+        "train.sft.lr=0.01",
+    ];
+    let out = run_train(&run, &model, &sft, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("kept 4 of 8 debates"), "{}", text(&out));
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 2 * 4, "one line per agent and epoch");
+    for a in 0..2 {
+        let loss: Vec<f64> = lines
+            .iter()
+            .filter(|l| l["agent"] == a)
+            .map(|l| l["loss"].as_f64().unwrap())
+            .collect();
+        // Each kept debate holds two utterances per agent (two turns).
+        assert!(lines.iter().all(|l| l["agent"] != a || l["samples"] == 8));
+        assert!(loss[3] < loss[0] - 0.1, "agent {a} losses {loss:?}");
+        let adapter = run.join(format!("checkpoints/final/agent-{a}"));
+        assert!(adapter.join("adapter_model.safetensors").is_file());
+    }
+    let transcripts = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
+    assert_eq!(transcripts.lines().count(), 8);
+}
+
+#[test]
+fn per_turn_value_heads_and_the_turn_based_schedule_train_only_their_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    let lines = train(
+        &run,
+        &model,
+        &[
+            "--set",
+            "debate.turns=3",
+            "--set",
+            "train.steps=3",
+            "--set",
+            "train.checkpoint_every=1",
+            "--set",
+            "train.value_heads=per-turn",
+            "--set",
+            "train.adapter_from_turn=2",
+            "--set",
+            "train.schedule=turn-based",
+            "--set",
+            "train.turn2_steps=1",
+        ],
+    );
+    let turns: Vec<&serde_json::Value> = lines.iter().map(|l| &l["trained_turns"]).collect();
+    use serde_json::json;
+    assert_eq!(turns, [&json!([2]), &json!([3]), &json!([2])]);
+    for line in &lines {
+        for stats in line["agents"].as_object().unwrap().values() {
+            assert!(stats["grad_norm"].as_f64().unwrap() > 0.0, "{stats}");
+        }
+    }
+    for a in 0..2 {
+        let head = |step: u32, turn: u32| {
+            let agent = run.join(format!("checkpoints/step-{step:06}/agent-{a}"));
+            assert!(!agent.join("value_head.safetensors").exists());
+            std::fs::read(agent.join(format!("value_head.turn-{turn}.safetensors"))).unwrap()
+        };
+        // Steps 1..3 trained turns 2, 3, 2: a head moves only at its turn's steps.
+        assert!(head(1, 1) == head(3, 1), "turn 1 is never trained");
+        assert!(head(1, 2) == head(2, 2) && head(2, 2) != head(3, 2));
+        assert!(head(1, 3) != head(2, 3) && head(2, 3) == head(3, 3));
+    }
+}
+
+#[test]
+fn full_finetuning_and_a_team_of_two_model_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+
+    // Full fine-tuning saves the whole model, moved away from the base.
+    let run = dir.path().join("full");
+    let lines = train(&run, &model, &["--set", "train.full_finetune=true"]);
+    assert!(lines[1]["agents"]["0"]["grad_norm"].as_f64().unwrap() > 0.0);
+    let base =
+        candle_core::safetensors::load(model.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    for a in 0..2 {
+        let agent = run.join(format!("checkpoints/final/agent-{a}"));
+        assert!(!agent.join("adapter_model.safetensors").exists());
+        let tuned = candle_core::safetensors::load(
+            agent.join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let name = "model.layers.1.mlp.down_proj.weight";
+        let diff = (&tuned[name] - &base[name])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff > 0.0, "agent {a}: {name} did not move");
+        assert_eq!(tuned.len(), base.len(), "every weight is saved");
+    }
+
+    // SmolLM2 and the tiny Qwen2 co-trained: each learns, each adapter names its base.
+    let run = dir.path().join("mixed");
+    let agents = format!(
+        "agents=[{{model = \"\"}}, {{model = \"{}\"}}]",
+        smollm2().display()
+    );
+    let lines = train(&run, &model, &["--set", &agents, "--set", "train.steps=1"]);
+    for a in ["0", "1"] {
+        assert!(
+            lines[0]["agents"][a]["grad_norm"].as_f64().unwrap() > 0.0,
+            "{}",
+            lines[0]
+        );
+    }
+    let base_of = |a: u32| {
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                run.join(format!("checkpoints/final/agent-{a}/adapter_config.json")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        config["base_model_name_or_path"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(base_of(0).contains("tiny-qwen2"), "{}", base_of(0));
+    assert!(base_of(1).contains("SmolLM2"), "{}", base_of(1));
 }

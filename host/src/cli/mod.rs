@@ -4,6 +4,7 @@ mod bundle;
 mod demo;
 mod plugin;
 mod run;
+mod toy;
 mod train;
 
 use std::path::PathBuf;
@@ -33,9 +34,10 @@ enum Command {
     /// Evaluate a team of LLM agents: debates over the config's tasks, per-turn accuracy,
     /// transitions; writes transcripts and metrics into the run directory.
     Eval(run::ConfigArgs),
-    /// Train the agents with MAPoRL (or the single-agent baseline): debates, shaped rewards,
-    /// PPO on every learning agent; metrics per step, adapters at the end.
-    Train(run::ConfigArgs),
+    /// Train the agents with MAPoRL, or run a baseline (single-agent RL, SFT, off the
+    /// shelf): debates, shaped rewards, PPO on every learning agent; metrics per step,
+    /// checkpoints every N steps and on Ctrl-C, `--resume` to continue.
+    Train(train::TrainArgs),
     /// One debate on a question of yours, shown turn by turn.
     Debate(run::DebateArgs),
     /// Datasets.
@@ -44,6 +46,9 @@ enum Command {
     /// Run debates between scripted stand-in agents (not LLMs) through real plugins: the
     /// reference protocol, verifier and reward shaper, on the synthetic arithmetic task.
     Demo(demo::DemoArgs),
+    /// The paper's game-theoretic toy model: the collaboration rate of a single learner
+    /// against a fixed partner and of two joint learners, over training; table + SVG plot.
+    Toy(toy::ToyArgs),
 }
 
 #[derive(Subcommand)]
@@ -68,6 +73,7 @@ pub fn main() -> i32 {
         Command::Train(args) => train::train(args),
         Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
         Command::Demo(args) => demo::run(args),
+        Command::Toy(args) => toy::run(args),
     };
     match result {
         Ok(()) => 0,

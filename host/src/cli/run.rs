@@ -153,7 +153,12 @@ pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
 }
 
 pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
-    let config = Config::load(&args.config, &args.overrides)?;
+    evaluate(Config::load(&args.config, &args.overrides)?)
+}
+
+/// Debates over the config's tasks with the team as configured; writes the transcripts,
+/// `eval.json` and the per-turn table.
+pub fn evaluate(config: Config) -> anyhow::Result<()> {
     let run_dir = PathBuf::from(&config.run_dir);
     let tasks = tasks(&config)?;
     std::fs::create_dir_all(&run_dir)

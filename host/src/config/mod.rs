@@ -32,7 +32,9 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
     /// "maporl": every agent learns, jointly; "single": only agent 0 learns, the others stay
-    /// frozen (the paper's single-agent baseline).
+    /// frozen (the paper's single-agent baseline); "off-the-shelf": no training, the debates
+    /// are only evaluated; "sft": fine-tune every agent on the best off-the-shelf debates
+    /// (the paper's SFT baseline, see `train.sft`).
     pub mode: String,
     /// PPO iterations (rollout + update).
     pub steps: usize,
@@ -47,7 +49,51 @@ pub struct TrainConfig {
     /// Steps of linear learning-rate warmup, then linear decay to `final_lr_fraction` × lr.
     pub warmup_steps: usize,
     pub final_lr_fraction: f64,
+    /// A checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
+    /// How many of the newest checkpoints are kept (0: all).
+    pub keep_checkpoints: usize,
+    /// Train every weight of each learner's model instead of a LoRA adapter. Each learner
+    /// then holds its own copy of its base; the shared original stays the KL reference.
+    pub full_finetune: bool,
+    /// "shared": one value head per agent; "per-turn": one per debate turn (paper's code).
+    pub value_heads: String,
+    /// The first turn at which the trained adapter speaks. 1: every turn. 2: the paper's
+    /// code: turn 1 is answered by the frozen base and one "collaboration" adapter is
+    /// trained for turns >= 2 (turn-1 utterances are then not trained on).
+    pub adapter_from_turn: u32,
+    /// "joint": every step trains on all turns' utterances. "turn-based" (paper's code):
+    /// only turn 2 for `turn2_steps` steps, then one turn per step: T, T-1, ..., 2, T, ...
+    pub schedule: String,
+    pub turn2_steps: usize,
+    /// The SFT baseline (mode "sft").
+    pub sft: SftConfig,
     pub ppo: crate::ppo::PpoConfig,
+}
+
+/// The paper's SFT baseline: off-the-shelf debates over the data, the best `top_fraction`
+/// of them by total shaped reward kept, and every agent fine-tuned (LoRA, cross-entropy on
+/// its own responses) on its utterances in those debates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    /// Fraction of debates kept (PAPER.md §5: the top 10%).
+    pub top_fraction: f64,
+    pub epochs: usize,
+    /// Responses per optimizer step.
+    pub batch_size: usize,
+    pub lr: f64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            top_fraction: 0.1,
+            epochs: 2,
+            batch_size: 8,
+            lr: 1e-4,
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -74,6 +120,14 @@ impl Default for TrainConfig {
             kl_horizon: 10_000.0,
             warmup_steps: 0,
             final_lr_fraction: 0.1,
+            checkpoint_every: 10,
+            keep_checkpoints: 3,
+            full_finetune: false,
+            value_heads: "shared".into(),
+            adapter_from_turn: 1,
+            schedule: "joint".into(),
+            turn2_steps: 0,
+            sft: SftConfig::default(),
             ppo: crate::ppo::PpoConfig::default(),
         }
     }
@@ -349,11 +403,44 @@ impl Config {
         if g.max_new_tokens == 0 {
             bail!("generation.max_new_tokens must be at least 1");
         }
-        if !["maporl", "single"].contains(&self.train.mode.as_str()) {
+        let t = &self.train;
+        for (key, value, allowed) in [
+            (
+                "train.mode",
+                &t.mode,
+                &["maporl", "single", "off-the-shelf", "sft"][..],
+            ),
+            ("train.value_heads", &t.value_heads, &["shared", "per-turn"]),
+            ("train.schedule", &t.schedule, &["joint", "turn-based"]),
+        ] {
+            if !allowed.contains(&value.as_str()) {
+                bail!("{key} = {value:?}: expected one of {}", allowed.join(", "));
+            }
+        }
+        if t.adapter_from_turn == 0 || t.adapter_from_turn > self.debate.turns {
             bail!(
-                "train.mode = {:?}: expected \"maporl\" or \"single\"",
-                self.train.mode
+                "train.adapter_from_turn = {}: expected a turn from 1 to debate.turns = {}",
+                t.adapter_from_turn,
+                self.debate.turns
             );
+        }
+        if t.full_finetune && t.adapter_from_turn > 1 {
+            bail!(
+                "train.adapter_from_turn > 1 needs an adapter to switch off at turn 1; it \
+                 cannot be combined with train.full_finetune"
+            );
+        }
+        if t.schedule == "turn-based" && self.debate.turns < 2 {
+            bail!("train.schedule = \"turn-based\" needs debate.turns >= 2");
+        }
+        if !(t.sft.top_fraction > 0.0 && t.sft.top_fraction <= 1.0) {
+            bail!(
+                "train.sft.top_fraction = {}: expected a fraction in (0, 1]",
+                t.sft.top_fraction
+            );
+        }
+        if t.ppo.grad_accum == 0 || t.ppo.epochs == 0 || t.ppo.minibatches == 0 {
+            bail!("train.ppo.epochs, minibatches and grad_accum must be at least 1");
         }
         Ok(())
     }

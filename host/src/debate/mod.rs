@@ -40,9 +40,13 @@ pub struct TokenIds {
 
 /// Whoever produces the agents' responses: LLM agents, or a scripted stand-in.
 pub trait Team {
-    /// One response per request, in order. Each request is an agent index and the
-    /// conversation that agent sees.
-    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>>;
+    /// One response per request, in order, for debate turn `turn` (1-based). Each request is
+    /// an agent index and the conversation that agent sees.
+    fn respond(
+        &mut self,
+        turn: u32,
+        requests: &[(u32, &[ChatMessage])],
+    ) -> anyhow::Result<Vec<Response>>;
 }
 
 /// The three plugins a debate runs with.
@@ -50,6 +54,16 @@ pub struct Plugins {
     pub protocol: Protocol,
     pub verifier: Verifier,
     pub shaper: RewardShaper,
+}
+
+impl Plugins {
+    /// Fresh instances of all three, seeded by `epoch` (a training step): plugin behaviour
+    /// then depends on the step, not on the run's history, so a resumed run matches.
+    pub fn restart(&mut self, epoch: u64) -> Result<(), PluginError> {
+        self.protocol.restart(epoch)?;
+        self.verifier.restart(epoch)?;
+        self.shaper.restart(epoch)
+    }
 }
 
 /// What a plugin failure on one task does.
@@ -156,7 +170,7 @@ pub fn run(
             .flat_map(|(_, plan)| plan.iter().map(|p| (p.agent, p.messages.as_slice())))
             .collect();
         let started = Instant::now();
-        let responses = team.respond(&requests)?;
+        let responses = team.respond(turn, &requests)?;
         team_time += started.elapsed();
         anyhow::ensure!(
             responses.len() == requests.len(),

@@ -85,7 +85,11 @@ impl ScriptedTeam {
 }
 
 impl Team for ScriptedTeam {
-    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>> {
+    fn respond(
+        &mut self,
+        _turn: u32,
+        requests: &[(u32, &[ChatMessage])],
+    ) -> anyhow::Result<Vec<Response>> {
         // Token counts are word counts: there is no tokenizer here.
         let words = |s: &str| s.split_whitespace().count();
         Ok(requests
@@ -163,7 +167,7 @@ mod tests {
             content: "Question: What is 2 + 3?".into(),
         }];
         let mut team = ScriptedTeam::new(std::slice::from_ref(&task), vec![1.0, 0.0], 0.5, 7);
-        let out = team.respond(&[(0, &msgs), (1, &msgs)]).unwrap();
+        let out = team.respond(1, &[(0, &msgs), (1, &msgs)]).unwrap();
         assert_eq!(last_boxed_integer(&out[0].text), Some(5));
         assert_ne!(last_boxed_integer(&out[1].text), Some(5));
         assert_eq!(
@@ -171,6 +175,6 @@ mod tests {
             "words of \"Question: What is 2 + 3?\""
         );
         let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
-        assert_eq!(again.respond(&[(0, &msgs), (1, &msgs)]).unwrap(), out);
+        assert_eq!(again.respond(1, &[(0, &msgs), (1, &msgs)]).unwrap(), out);
     }
 }

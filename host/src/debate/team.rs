@@ -29,6 +29,9 @@ struct Member {
 /// they have no adapters of their own their prompts are generated in one batch.
 pub struct ModelTeam {
     members: Vec<Member>,
+    /// Turns before this one are answered by the bare base models, adapters unused (the
+    /// paper's frozen turn-1 policy with a "collaboration" adapter for later turns).
+    adapters_from_turn: u32,
     max_new_tokens: usize,
     batch_size: usize,
 }
@@ -72,6 +75,7 @@ impl ModelTeam {
         }
         Ok(ModelTeam {
             members,
+            adapters_from_turn: 1,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
         })
@@ -86,12 +90,48 @@ impl ModelTeam {
         &self.members[a].agent
     }
 
+    /// Answers turns before `turn` with the bare base models, ignoring the agents' adapters
+    /// (1, the default: adapters speak on every turn).
+    pub fn use_adapters_from_turn(&mut self, turn: u32) {
+        self.adapters_from_turn = turn.max(1);
+    }
+
+    /// Each agent's sampler position, for a checkpoint.
+    pub fn rng_states(&self) -> Vec<model::RngState> {
+        self.members.iter().map(|m| m.sampler.state()).collect()
+    }
+
+    /// Puts every agent's sampler back where [`rng_states`](Self::rng_states) found it.
+    pub fn restore_rng_states(&mut self, states: &[model::RngState]) -> anyhow::Result<()> {
+        if states.len() != self.members.len() {
+            bail!(
+                "the checkpoint has sampler states for {} agents, the team has {}",
+                states.len(),
+                self.members.len()
+            );
+        }
+        for (a, (m, s)) in self.members.iter_mut().zip(states).enumerate() {
+            m.sampler
+                .restore(s)
+                .with_context(|| format!("agent {a}'s sampler"))?;
+        }
+        Ok(())
+    }
+
     fn respond_as(
         &mut self,
         agent: usize,
+        adapted: bool,
         conversations: &[&[ChatMessage]],
     ) -> anyhow::Result<Vec<Response>> {
         let member = &mut self.members[agent];
+        let bare;
+        let speaker = if adapted {
+            &member.agent
+        } else {
+            bare = Agent::new(member.agent.base.clone());
+            &bare
+        };
         let voice = member.voice.clone();
         let mut prompts = Vec::with_capacity(conversations.len());
         for messages in conversations {
@@ -115,12 +155,11 @@ impl ModelTeam {
         };
         let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(self.batch_size) {
-            for (prompt, g) in chunk.iter().zip(model::generate(
-                &member.agent,
-                chunk,
-                &mut member.sampler,
-                &opts,
-            )?) {
+            for (prompt, g) in
+                chunk
+                    .iter()
+                    .zip(model::generate(speaker, chunk, &mut member.sampler, &opts)?)
+            {
                 let text = voice
                     .tokenizer
                     .decode(&g.tokens, true)
@@ -141,19 +180,25 @@ impl ModelTeam {
 }
 
 impl Team for ModelTeam {
-    fn respond(&mut self, requests: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Response>> {
+    fn respond(
+        &mut self,
+        turn: u32,
+        requests: &[(u32, &[ChatMessage])],
+    ) -> anyhow::Result<Vec<Response>> {
+        let adapted = turn >= self.adapters_from_turn;
+        let bare = |m: &Member| !adapted || m.agent.lora.is_none();
         // Requests go to the member that generates for them: agents on the same base without
         // an adapter of their own are the same model, so their prompts form one batch.
         let generator: Vec<usize> = (0..self.members.len())
             .map(|a| {
                 let m = &self.members[a];
-                if m.agent.lora.is_some() {
+                if !bare(m) {
                     return a;
                 }
                 (0..a)
                     .find(|&b| {
                         let o = &self.members[b];
-                        o.agent.lora.is_none() && Arc::ptr_eq(&o.agent.base, &m.agent.base)
+                        bare(o) && Arc::ptr_eq(&o.agent.base, &m.agent.base)
                     })
                     .unwrap_or(a)
             })
@@ -175,7 +220,10 @@ impl Team for ModelTeam {
             }
             let conversations: Vec<&[ChatMessage]> =
                 indices.iter().map(|&i| requests[i].1).collect();
-            for (&i, r) in indices.iter().zip(self.respond_as(agent, &conversations)?) {
+            for (&i, r) in indices
+                .iter()
+                .zip(self.respond_as(agent, adapted, &conversations)?)
+            {
                 out[i] = Some(r);
             }
         }

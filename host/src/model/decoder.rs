@@ -9,8 +9,8 @@
 use super::config::{Act, Arch, Config, RopeScaling};
 use super::lora::Lora;
 use anyhow::{anyhow, Context, Result};
-use candle_core::{DType, Device, Tensor, D};
-use candle_nn::VarBuilder;
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{VarBuilder, VarMap};
 
 /// A linear layer a LoRA adapter can attach to, by its PEFT module name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -282,6 +282,65 @@ impl Base {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// Every weight under its Hugging Face name (`lm_head.weight` only when untied).
+    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed.clone())];
+        let lin = |out: &mut Vec<(String, Tensor)>, prefix: String, l: &Lin| {
+            out.push((format!("{prefix}.weight"), l.inner.weight().clone()));
+            if let Some(b) = l.inner.bias() {
+                out.push((format!("{prefix}.bias"), b.clone()));
+            }
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            match &l.qkv {
+                Qkv::Split { q, k, v } => {
+                    lin(&mut out, format!("{p}.self_attn.q_proj"), q);
+                    lin(&mut out, format!("{p}.self_attn.k_proj"), k);
+                    lin(&mut out, format!("{p}.self_attn.v_proj"), v);
+                }
+                Qkv::Fused(x) => lin(&mut out, format!("{p}.self_attn.qkv_proj"), x),
+            }
+            lin(&mut out, format!("{p}.self_attn.o_proj"), &l.o);
+            match &l.gate_up {
+                GateUp::Split { gate, up } => {
+                    lin(&mut out, format!("{p}.mlp.gate_proj"), gate);
+                    lin(&mut out, format!("{p}.mlp.up_proj"), up);
+                }
+                GateUp::Fused(x) => lin(&mut out, format!("{p}.mlp.gate_up_proj"), x),
+            }
+            lin(&mut out, format!("{p}.mlp.down_proj"), &l.down);
+            out.push((format!("{p}.input_layernorm.weight"), l.ln1.clone()));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                l.ln2.clone(),
+            ));
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.clone()));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), self.lm_head.weight().clone()));
+        }
+        out
+    }
+
+    /// A copy of this base whose weights are trainable `Var`s (full fine-tuning), with
+    /// those vars by name. The copy owns its memory; `self` is untouched.
+    pub fn trainable_copy(&self) -> Result<(Base, Vec<(String, Var)>)> {
+        let varmap = VarMap::new();
+        let mut named = Vec::new();
+        {
+            let mut data = varmap.data().lock().unwrap();
+            for (name, t) in self.named_weights() {
+                let var = Var::from_tensor(&t.copy()?)?;
+                data.insert(name.clone(), var.clone());
+                named.push((name, var));
+            }
+        }
+        let vb = VarBuilder::from_varmap(&varmap, self.dtype, &self.device);
+        let base = Base::new(&self.cfg, vb).context("building the trainable copy")?;
+        Ok((base, named))
     }
 
     pub(crate) fn layers(&self) -> &[Layer] {

@@ -39,6 +39,16 @@ impl SamplingParams {
     }
 }
 
+/// The position of a ChaCha8 random stream (seed, stream, word position), as saved in
+/// checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RngState {
+    pub seed: String,
+    pub stream: u64,
+    /// A u128, as a decimal string (JSON numbers are doubles).
+    pub word_pos: String,
+}
+
 /// A seeded sampler: the same seed and logits give the same tokens.
 pub struct Sampler {
     params: SamplingParams,
@@ -55,6 +65,32 @@ impl Sampler {
 
     pub fn params(&self) -> SamplingParams {
         self.params
+    }
+
+    /// Where the sampler's random stream stands, for a checkpoint.
+    pub fn state(&self) -> RngState {
+        RngState {
+            seed: hex::encode(self.rng.get_seed()),
+            stream: self.rng.get_stream(),
+            word_pos: self.rng.get_word_pos().to_string(),
+        }
+    }
+
+    /// Puts the random stream where [`state`](Self::state) found it.
+    pub fn restore(&mut self, state: &RngState) -> Result<()> {
+        let seed: [u8; 32] = hex::decode(&state.seed)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| anyhow::anyhow!("sampler state: `seed` is not 32 hex bytes"))?;
+        let pos: u128 = state
+            .word_pos
+            .parse()
+            .map_err(|_| anyhow::anyhow!("sampler state: `word_pos` is not a number"))?;
+        let mut rng = ChaCha8Rng::from_seed(seed);
+        rng.set_stream(state.stream);
+        rng.set_word_pos(pos);
+        self.rng = rng;
+        Ok(())
     }
 
     /// Samples one token per row of `logits` (batch, vocab). Returns (token, log-prob) where

@@ -18,6 +18,8 @@ pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, KvCache, Target};
 #[doc(hidden)]
 pub use frozen::set_frozen_matmul;
-pub use generate::{generate, score, GenerateOptions, Generation, Sampler, SamplingParams, Scored};
+pub use generate::{
+    generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
+};
 pub use load::{load, Loaded};
 pub use lora::{Agent, Lora, LoraConfig, ValueHead};

@@ -39,6 +39,8 @@ pub(crate) struct Handle<B: WorldBindings> {
     pre: B::Pre,
     settings: String,
     limits: Limits,
+    /// The plugin's own seed (run seed and component hash); `seed` mixes in the epoch.
+    base_seed: u64,
     seed: u64,
     log: super::LogSink,
     judge: Option<std::sync::Arc<dyn super::Judge>>,
@@ -76,6 +78,7 @@ impl<B: WorldBindings> Handle<B> {
             pre,
             settings: settings.to_string(),
             limits: limits.clone(),
+            base_seed: seed,
             seed,
             log: runtime.options.log.clone(),
             judge: runtime.options.judge.clone(),
@@ -90,6 +93,20 @@ impl<B: WorldBindings> Handle<B> {
     /// Fuel used by the last call.
     pub fn fuel_used(&self) -> u64 {
         self.fuel_used
+    }
+
+    /// Replaces the instance with a fresh one whose randomness is seeded by `epoch` (e.g. a
+    /// training step), so that what the plugin does from here depends only on the run seed,
+    /// the epoch and its inputs: a resumed run sees the same plugin behaviour as an
+    /// uninterrupted one.
+    pub fn restart(&mut self, epoch: u64) -> Result<(), PluginError> {
+        // SplitMix64's finaliser, so nearby epochs get unrelated seeds.
+        let mut z = epoch.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        self.seed = self.base_seed ^ z ^ (z >> 31);
+        self.live = None;
+        self.start(None)
     }
 
     /// Makes a fresh instance and configures it.

@@ -60,6 +60,11 @@ impl Protocol {
         self.handle.fuel_used()
     }
 
+    /// A fresh instance whose randomness is seeded by `epoch` (e.g. a training step).
+    pub fn restart(&mut self, epoch: u64) -> Result<(), PluginError> {
+        self.handle.restart(epoch)
+    }
+
     /// The plan for turn `turn` (1-based): who speaks and what each sees. Empty when the
     /// protocol ends the debate early.
     pub fn plan_turn(

@@ -60,6 +60,11 @@ impl RewardShaper {
         self.handle.fuel_used()
     }
 
+    /// A fresh instance whose randomness is seeded by `epoch` (e.g. a training step).
+    pub fn restart(&mut self, epoch: u64) -> Result<(), PluginError> {
+        self.handle.restart(epoch)
+    }
+
     /// The rewards of a finished debate: at most one per utterance, each for an utterance
     /// that exists, every value finite.
     pub fn shape(

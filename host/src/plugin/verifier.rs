@@ -58,6 +58,11 @@ impl Verifier {
         self.handle.fuel_used()
     }
 
+    /// A fresh instance whose randomness is seeded by `epoch` (e.g. a training step).
+    pub fn restart(&mut self, epoch: u64) -> Result<(), PluginError> {
+        self.handle.restart(epoch)
+    }
+
     /// The answer in one response; `None` when it holds no valid answer.
     pub fn extract(&mut self, task: &Task, text: &str) -> Result<Option<String>, PluginError> {
         let wtask = wit::Task::from(task);

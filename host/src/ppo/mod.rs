@@ -6,6 +6,7 @@
 //! token log-probs and values of each response. Responses are rows of a (batch, R) layout,
 //! right-aligned as `model::score` returns them, with a 0/1 mask on real tokens.
 
+mod adamw;
 mod advantage;
 mod kl;
 mod loss;
@@ -14,4 +15,4 @@ mod step;
 pub use advantage::{gae, token_rewards, whiten};
 pub use kl::{KlController, KlEstimator};
 pub use loss::{policy_loss, value_loss, LossStats};
-pub use step::{learning_rate, ppo_step, AgentOptimizer, PpoConfig, Sample, StepStats};
+pub use step::{learning_rate, ppo_step, samples_of, AgentOptimizer, PpoConfig, Sample, StepStats};

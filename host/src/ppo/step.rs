@@ -3,22 +3,50 @@
 //! whiten, then epochs × minibatches of clipped policy and value losses with AdamW.
 
 use anyhow::{bail, Context};
-use candle_core::{backprop::GradStore, Tensor, Var};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use super::adamw::{AdamW, AdamWConfig};
 use super::{gae, policy_loss, token_rewards, value_loss, whiten, KlController, KlEstimator};
 use crate::model::{score, Agent};
 
-/// One response to learn from: its prompt and response tokens and its shaped reward.
+/// One response to learn from: its prompt and response tokens, the debate turn it was said
+/// at (1-based), and its shaped reward.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
     pub prompt: Vec<u32>,
     pub response: Vec<u32>,
+    pub turn: u32,
     pub reward: f32,
+}
+
+/// Agent `agent`'s rewarded utterances in `debates` (those that failed are left out), with
+/// their token ids, in debate then turn order.
+pub fn samples_of(debates: &[crate::debate::Debate], agent: u32) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for d in debates.iter().filter(|d| d.error.is_none()) {
+        for (u, s) in d.transcript.utterances.iter().zip(&d.speeches) {
+            if u.agent != agent || s.ids.response.is_empty() || s.ids.prompt.is_empty() {
+                continue;
+            }
+            if let Some(r) = d
+                .rewards
+                .iter()
+                .find(|r| r.turn == u.turn && r.agent == agent)
+            {
+                out.push(Sample {
+                    prompt: s.ids.prompt.clone(),
+                    response: s.ids.response.clone(),
+                    turn: u.turn,
+                    reward: r.total,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// PPO settings; the defaults are PAPER.md §5's.
@@ -27,6 +55,9 @@ pub struct Sample {
 pub struct PpoConfig {
     pub epochs: usize,
     pub minibatches: usize,
+    /// Micro-batches per minibatch whose gradients are summed before one optimizer step
+    /// (same update, less memory).
+    pub grad_accum: usize,
     /// ε of the clipped policy objective.
     pub clip: f64,
     /// ε of the clipped value loss.
@@ -40,6 +71,8 @@ pub struct PpoConfig {
     pub whiten_advantages: bool,
     pub max_grad_norm: f64,
     pub lr: f64,
+    /// AdamW's decoupled weight decay, on weight matrices only (never norms or biases).
+    pub weight_decay: f64,
     pub kl_estimator: KlEstimator,
     /// Positions per lm_head chunk when scoring.
     pub chunk: usize,
@@ -50,6 +83,7 @@ impl Default for PpoConfig {
         PpoConfig {
             epochs: 4,
             minibatches: 8,
+            grad_accum: 1,
             clip: 0.2,
             value_clip: 0.2,
             vf_coef: 0.1,
@@ -59,6 +93,7 @@ impl Default for PpoConfig {
             whiten_advantages: true,
             max_grad_norm: 1.0,
             lr: 1e-5,
+            weight_decay: 0.0,
             kl_estimator: KlEstimator::K1,
             chunk: 64,
         }
@@ -83,56 +118,58 @@ pub struct StepStats {
     pub tokens: usize,
 }
 
-/// An agent's optimizer: AdamW over its adapter and value head.
+/// An agent's optimizer: AdamW over its trainable parameters (adapter and value head, or
+/// the whole model when fully fine-tuned), with state that checkpoints.
 pub struct AgentOptimizer {
-    vars: Vec<Var>,
     adamw: AdamW,
 }
 
 impl AgentOptimizer {
-    /// AdamW with no weight decay (the adapters and value head have no norms or biases to
-    /// exempt; decay on LoRA factors is not used by the paper).
-    pub fn new(agent: &Agent, lr: f64) -> anyhow::Result<AgentOptimizer> {
-        let vars = agent.trainable_vars();
-        if vars.is_empty() {
+    /// AdamW over an agent's named trainable parameters (e.g.
+    /// [`Agent::named_trainable_vars`]); `weight_decay` skips norms and biases.
+    pub fn new(
+        named: Vec<(String, candle_core::Var)>,
+        lr: f64,
+        weight_decay: f64,
+    ) -> anyhow::Result<AgentOptimizer> {
+        if named.is_empty() {
             bail!("the agent has nothing to train: give it a LoRA adapter or a value head");
         }
         let adamw = AdamW::new(
-            vars.clone(),
-            ParamsAdamW {
-                lr,
-                weight_decay: 0.0,
-                ..ParamsAdamW::default()
+            named,
+            lr,
+            AdamWConfig {
+                weight_decay,
+                ..AdamWConfig::default()
             },
         )?;
-        Ok(AgentOptimizer { vars, adamw })
+        Ok(AgentOptimizer { adamw })
     }
 
     pub fn set_lr(&mut self, lr: f64) {
-        self.adamw.set_learning_rate(lr);
+        self.adamw.set_lr(lr);
     }
 
-    /// Clips the gradients to `max_norm` (global L2 norm) and steps; returns the norm before
-    /// clipping.
-    fn step(&mut self, mut grads: GradStore, max_norm: f64) -> anyhow::Result<f32> {
-        let mut sq = 0.0f64;
-        for v in &self.vars {
-            if let Some(g) = grads.get(v.as_tensor()) {
-                sq += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
-            }
-        }
-        let norm = sq.sqrt();
-        if norm > max_norm {
-            let scale = max_norm / (norm + 1e-6);
-            for v in &self.vars {
-                if let Some(g) = grads.get(v.as_tensor()) {
-                    let g = (g * scale)?;
-                    grads.insert(v.as_tensor(), g);
-                }
-            }
-        }
-        self.adamw.step(&grads)?;
-        Ok(norm as f32)
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.adamw.steps()
+    }
+
+    /// Writes AdamW's moments and step count.
+    pub fn save(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.adamw.save(path)
+    }
+
+    /// Restores what [`save`](Self::save) wrote.
+    pub fn load(&mut self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.adamw.load_state(path)
+    }
+
+    /// Backpropagates `loss`, clips to `max_norm` and steps (a plain supervised update, e.g.
+    /// SFT); returns the gradient norm before clipping.
+    pub fn minimize(&mut self, loss: &Tensor, max_norm: f64) -> anyhow::Result<f64> {
+        self.adamw.accumulate(&loss.backward()?)?;
+        self.adamw.step(max_norm)
     }
 }
 
@@ -240,39 +277,51 @@ pub fn ppo_step(
     for _ in 0..cfg.epochs {
         order.shuffle(&mut rng);
         for mb in order.chunks(samples.len().div_ceil(minibatches)) {
-            let mb_pairs: Vec<(Vec<u32>, Vec<u32>)> =
-                mb.iter().map(|&i| pairs[i].clone()).collect();
-            let width = mb
-                .iter()
-                .map(|&i| samples[i].response.len())
-                .max()
-                .unwrap_or(0);
-            let new = score(agent, &mb_pairs, false, cfg.chunk)?;
-            let m = select(&mask, mb, width, &dev)?;
-            let (pg, loss_stats) = policy_loss(
-                &new.logprobs,
-                &select(&old_lp, mb, width, &dev)?,
-                &select(&advantages, mb, width, &dev)?,
-                &m,
-                cfg.clip,
-            )?;
-            let vf = value_loss(
-                new.values.as_ref().expect("checked above"),
-                &select(&old_values, mb, width, &dev)?,
-                &select(&returns, mb, width, &dev)?,
-                &m,
-                cfg.value_clip,
-            )?;
-            let entropy = ((&new.entropy * &m)?.sum_all()?
-                / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
-            let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
-            let grad_norm = optimizer.step(loss.backward()?, cfg.max_grad_norm)?;
-            stats.policy_loss += pg.to_scalar::<f32>()?;
-            stats.value_loss += vf.to_scalar::<f32>()?;
-            stats.entropy += entropy.to_scalar::<f32>()?;
-            stats.approx_kl += loss_stats.approx_kl;
-            stats.clip_fraction += loss_stats.clip_fraction;
-            stats.grad_norm += grad_norm;
+            // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
+            // share of the minibatch's tokens, so the summed gradient is the minibatch's.
+            let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
+            let micro = mb.len().div_ceil(cfg.grad_accum.clamp(1, mb.len()));
+            for part in mb.chunks(micro) {
+                let share = part
+                    .iter()
+                    .map(|&i| samples[i].response.len())
+                    .sum::<usize>() as f64
+                    / mb_tokens as f64;
+                let part_pairs: Vec<(Vec<u32>, Vec<u32>)> =
+                    part.iter().map(|&i| pairs[i].clone()).collect();
+                let width = part
+                    .iter()
+                    .map(|&i| samples[i].response.len())
+                    .max()
+                    .unwrap_or(0);
+                let new = score(agent, &part_pairs, false, cfg.chunk)?;
+                let m = select(&mask, part, width, &dev)?;
+                let (pg, loss_stats) = policy_loss(
+                    &new.logprobs,
+                    &select(&old_lp, part, width, &dev)?,
+                    &select(&advantages, part, width, &dev)?,
+                    &m,
+                    cfg.clip,
+                )?;
+                let vf = value_loss(
+                    new.values.as_ref().expect("checked above"),
+                    &select(&old_values, part, width, &dev)?,
+                    &select(&returns, part, width, &dev)?,
+                    &m,
+                    cfg.value_clip,
+                )?;
+                let entropy = ((&new.entropy * &m)?.sum_all()?
+                    / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
+                let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
+                optimizer.adamw.accumulate(&(loss * share)?.backward()?)?;
+                let share = share as f32;
+                stats.policy_loss += share * pg.to_scalar::<f32>()?;
+                stats.value_loss += share * vf.to_scalar::<f32>()?;
+                stats.entropy += share * entropy.to_scalar::<f32>()?;
+                stats.approx_kl += share * loss_stats.approx_kl;
+                stats.clip_fraction += share * loss_stats.clip_fraction;
+            }
+            stats.grad_norm += optimizer.adamw.step(cfg.max_grad_norm)? as f32;
             n += 1.0;
         }
     }

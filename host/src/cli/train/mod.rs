@@ -1,0 +1,613 @@
+//! `maporl train`: MAPoRL's loop. Each step debates a batch of tasks, shapes the rewards,
+//! and updates every learning agent with PPO on its own utterances; one metrics line per
+//! step; checkpoints every N steps, at the end and on Ctrl-C, from which `--resume`
+//! continues exactly. The `sft` and `off-the-shelf` baselines live beside it.
+
+mod sft;
+mod state;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::DType;
+use clap::Args;
+use serde::Serialize;
+
+use super::run::{tasks, ConfigArgs, Setup};
+use crate::checkpoint::Checkpoints;
+use crate::config::{write_atomic, Config};
+use crate::debate::{self, Debate, PluginHashes};
+use crate::model::{Agent, Lora, LoraConfig, ValueHead};
+use crate::ppo::{learning_rate, ppo_step, samples_of, AgentOptimizer, KlController, StepStats};
+use crate::transcript::Task;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Continue the run in the config's run_dir from its latest checkpoint, exactly as if it
+    /// had not stopped.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop with a checkpoint once this many steps are done, as Ctrl-C would.
+    #[arg(long, value_name = "STEPS")]
+    pub stop_after: Option<usize>,
+    /// Resume even though a plugin component differs from the one the checkpoint used.
+    #[arg(long)]
+    pub allow_plugin_change: bool,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Serialize)]
+struct Metrics {
+    step: usize,
+    learning_rate: f64,
+    tasks: usize,
+    /// Majority accuracy per turn on this step's debates.
+    accuracy: Vec<f64>,
+    /// Mean of each named reward part over the step's rewarded utterances.
+    reward_parts: BTreeMap<String, f64>,
+    /// The turns whose utterances this step trained on.
+    trained_turns: Vec<u32>,
+    /// PPO statistics per learning agent.
+    agents: BTreeMap<u32, StepStats>,
+    rollout_seconds: f64,
+    update_seconds: f64,
+    generated_tokens_per_second: f64,
+    /// Response tokens of the update per second of update.
+    update_tokens_per_second: f64,
+}
+
+pub fn train(args: TrainArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config.config, &args.config.overrides)?;
+    match config.train.mode.as_str() {
+        "off-the-shelf" => {
+            if args.resume {
+                bail!(
+                    "train.mode = \"off-the-shelf\" trains nothing, so there is nothing to resume"
+                );
+            }
+            super::run::evaluate(config)
+        }
+        "sft" => {
+            if args.resume {
+                bail!("train.mode = \"sft\" does not resume; run it again from the start");
+            }
+            sft::run(config)
+        }
+        _ => {
+            let stop = interrupt_flag();
+            let mut trainer = Trainer::new(config, &args)?;
+            trainer.run(&stop, args.stop_after)
+        }
+    }
+}
+
+/// Set by Ctrl-C: the loop checkpoints and exits after the step in progress. A second Ctrl-C
+/// exits at once (the last checkpoint stays good).
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let installed = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted again: exiting without a checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupted: checkpointing after this step (Ctrl-C again to exit now)");
+    });
+    if let Err(e) = installed {
+        eprintln!("warning: cannot catch Ctrl-C ({e}); an interrupt will lose the current step");
+    }
+    flag
+}
+
+/// One learning agent's training state.
+struct Learner {
+    agent: u32,
+    optimizer: AgentOptimizer,
+    /// The frozen, shared base: the KL reference.
+    reference: Agent,
+    kl: KlController,
+    /// With `train.value_heads = "per-turn"`, the head of turn t + 1 (the agent itself then
+    /// has none); else empty.
+    turn_heads: Vec<ValueHead>,
+}
+
+struct Trainer {
+    setup: Setup,
+    cfg: Config,
+    tasks: Vec<Task>,
+    learners: Vec<Learner>,
+    run_dir: PathBuf,
+    checkpoints: Checkpoints,
+    /// Steps done.
+    step: usize,
+    /// Tasks handed out so far (the data cursor).
+    cursor: usize,
+    metrics_lines: usize,
+    plugin_hashes: PluginHashes,
+}
+
+impl Trainer {
+    fn new(config: Config, args: &TrainArgs) -> anyhow::Result<Trainer> {
+        let run_dir = PathBuf::from(&config.run_dir);
+        let checkpoints = Checkpoints::new(&run_dir);
+        let resume_from = if args.resume {
+            state::check_config(&run_dir, &config)?;
+            let latest = checkpoints.latest()?.with_context(|| {
+                format!(
+                    "--resume: {} holds no complete checkpoint",
+                    checkpoints.dir().display()
+                )
+            })?;
+            Some(latest)
+        } else {
+            if checkpoints.latest()?.is_some() {
+                bail!(
+                    "{} already holds checkpoints of a run: continue it with --resume, or \
+                     choose another run_dir",
+                    run_dir.display()
+                );
+            }
+            None
+        };
+        let tasks = tasks(&config)?;
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+        if resume_from.is_none() {
+            write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+        }
+        let mut setup = Setup::new(config)?;
+        if resume_from.is_some() {
+            // The plugins must be the ones the run started with (plugins.lock).
+            for change in
+                crate::bundle::check_lock(&run_dir, &setup.lock, args.allow_plugin_change)?
+            {
+                eprintln!("warning: resuming with a changed plugin: {change}");
+            }
+        }
+        setup.lock.write(&run_dir)?;
+        let cfg = setup.config.clone();
+        setup
+            .team
+            .use_adapters_from_turn(cfg.train.adapter_from_turn);
+        let plugin_hashes = PluginHashes::of(&setup.plugins);
+        let learner_ids: Vec<u32> = match cfg.train.mode.as_str() {
+            "single" => vec![0],
+            _ => (0..cfg.debate.agents).collect(),
+        };
+        let mut learners = Vec::new();
+        for &a in &learner_ids {
+            let dir = resume_from
+                .as_ref()
+                .map(|(_, p)| p.join(format!("agent-{a}")));
+            learners.push(
+                new_learner(&mut setup, &cfg, a, dir.as_deref())
+                    .with_context(|| format!("setting up agent {a} for training"))?,
+            );
+        }
+        let mut trainer = Trainer {
+            setup,
+            cfg,
+            tasks,
+            learners,
+            checkpoints,
+            step: 0,
+            cursor: 0,
+            metrics_lines: 0,
+            plugin_hashes,
+            run_dir,
+        };
+        match resume_from {
+            Some((_, dir)) => trainer.restore(&dir, args.allow_plugin_change)?,
+            None => {
+                std::fs::File::create(trainer.metrics_path())
+                    .with_context(|| format!("creating {}", trainer.metrics_path().display()))?;
+            }
+        }
+        Ok(trainer)
+    }
+
+    fn metrics_path(&self) -> PathBuf {
+        self.run_dir.join("metrics.jsonl")
+    }
+
+    fn run(&mut self, stop: &AtomicBool, stop_after: Option<usize>) -> anyhow::Result<()> {
+        let steps = self.cfg.train.steps;
+        let bar = super::run::progress_bar(steps as u64, "training");
+        bar.set_position(self.step as u64);
+        let mut metrics_file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.metrics_path())
+            .with_context(|| format!("opening {}", self.metrics_path().display()))?;
+        let every = self.cfg.train.checkpoint_every;
+        while self.step < steps {
+            let line = self.train_step()?;
+            serde_json::to_writer(&mut metrics_file, &line)?;
+            metrics_file.write_all(b"\n")?;
+            metrics_file.flush()?;
+            self.metrics_lines += 1;
+            bar.inc(1);
+            let interrupted = stop.load(Ordering::SeqCst);
+            let stopping = interrupted || stop_after.is_some_and(|n| self.step >= n);
+            if stopping || (every > 0 && self.step.is_multiple_of(every)) || self.step == steps {
+                let path = self.save_checkpoint()?;
+                if stopping && self.step < steps {
+                    bar.finish_and_clear();
+                    println!(
+                        "stopped after step {} of {steps}; checkpoint {}; continue with \
+                         --resume",
+                        self.step,
+                        path.display()
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        bar.finish_and_clear();
+        let final_dir = self.run_dir.join("checkpoints/final");
+        self.export_adapters(&final_dir)?;
+        println!(
+            "trained {steps} steps; metrics in {}, adapters in {}",
+            self.metrics_path().display(),
+            final_dir.display()
+        );
+        Ok(())
+    }
+
+    /// The turns trained at step `step` (0-based), by `train.schedule`.
+    fn trained_turns(&self, step: usize) -> Vec<u32> {
+        let t = &self.cfg.train;
+        let last = self.cfg.debate.turns;
+        if t.schedule == "turn-based" {
+            if step < t.turn2_steps {
+                return vec![2];
+            }
+            let cycle: Vec<u32> = (2..=last).rev().collect();
+            return vec![cycle[(step - t.turn2_steps) % cycle.len()]];
+        }
+        (t.adapter_from_turn..=last).collect()
+    }
+
+    fn train_step(&mut self) -> anyhow::Result<Metrics> {
+        let step = self.step;
+        let cfg = &self.cfg;
+        let batch = cfg.debate.batch_size;
+        let chunk: Vec<Task> = (0..batch)
+            .map(|i| self.tasks[(self.cursor + i) % self.tasks.len()].clone())
+            .collect();
+        // Fresh plugin instances seeded by the step: a resumed run sees the same plugins.
+        self.setup
+            .plugins
+            .restart(step as u64)
+            .with_context(|| format!("restarting the plugins for step {step}"))?;
+        let on_error = self.setup.on_error();
+        let started = Instant::now();
+        let rollout = debate::run(
+            &mut self.setup.plugins,
+            &mut self.setup.team,
+            &chunk,
+            cfg.debate.agents,
+            cfg.debate.turns,
+            on_error,
+        )
+        .with_context(|| format!("debates of step {step}"))?;
+        let rollout_seconds = started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        let t = &cfg.train;
+        let lr = learning_rate(step, t.steps, t.warmup_steps, t.ppo.lr, t.final_lr_fraction);
+        let turns = self.trained_turns(step);
+        let mut agents = BTreeMap::new();
+        let mut update_tokens = 0;
+        for l in &mut self.learners {
+            l.optimizer.set_lr(lr);
+            let samples: Vec<_> = samples_of(&rollout.debates, l.agent)
+                .into_iter()
+                .filter(|s| turns.contains(&s.turn))
+                .collect();
+            if samples.is_empty() {
+                continue;
+            }
+            let agent = self.setup.team.agent(l.agent as usize);
+            let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
+            let stats = if l.turn_heads.is_empty() {
+                ppo_step(
+                    agent,
+                    &l.reference,
+                    &mut l.optimizer,
+                    &samples,
+                    &mut l.kl,
+                    &t.ppo,
+                    seed,
+                )
+            } else {
+                // One update per turn, each with that turn's value head.
+                let mut parts = Vec::new();
+                for &turn in &turns {
+                    let group: Vec<_> =
+                        samples.iter().filter(|s| s.turn == turn).cloned().collect();
+                    if group.is_empty() {
+                        continue;
+                    }
+                    let view = Agent {
+                        base: agent.base.clone(),
+                        lora: agent.lora.clone(),
+                        value_head: Some(l.turn_heads[turn as usize - 1].clone()),
+                        weights: agent.weights.clone(),
+                    };
+                    let s = ppo_step(
+                        &view,
+                        &l.reference,
+                        &mut l.optimizer,
+                        &group,
+                        &mut l.kl,
+                        &t.ppo,
+                        seed ^ u64::from(turn) << 32,
+                    )?;
+                    parts.push((group.len(), s));
+                }
+                Ok(weighted_mean(&parts))
+            }
+            .with_context(|| format!("PPO update of agent {} at step {step}", l.agent))?;
+            update_tokens += stats.tokens;
+            agents.insert(l.agent, stats);
+        }
+        let update_seconds = started.elapsed().as_secs_f64();
+        let report = crate::eval::evaluate(&rollout.debates);
+        let tokens: usize = rollout
+            .debates
+            .iter()
+            .flat_map(|d| &d.speeches)
+            .map(|s| s.response_tokens)
+            .sum();
+        self.cursor += batch;
+        self.step += 1;
+        Ok(Metrics {
+            step,
+            learning_rate: lr,
+            tasks: report.tasks,
+            accuracy: report.turns.iter().map(|t| t.majority_accuracy).collect(),
+            reward_parts: reward_parts(&rollout.debates),
+            trained_turns: turns,
+            agents,
+            rollout_seconds,
+            update_seconds,
+            generated_tokens_per_second: tokens as f64 / rollout.team_time.as_secs_f64().max(1e-9),
+            update_tokens_per_second: update_tokens as f64 / update_seconds.max(1e-9),
+        })
+    }
+
+    /// Writes a checkpoint of the run as it stands after `self.step` steps.
+    fn save_checkpoint(&self) -> anyhow::Result<PathBuf> {
+        let keep = self.cfg.train.keep_checkpoints;
+        self.checkpoints
+            .save(self.step, keep, |dir| {
+                for l in &self.learners {
+                    let out = dir.join(format!("agent-{}", l.agent));
+                    self.save_agent(l, &out)?;
+                    l.optimizer.save(&out.join("optimizer.safetensors"))?;
+                }
+                state::stall_for_tests(&self.run_dir, self.step);
+                let st = state::TrainState {
+                    format: state::FORMAT,
+                    step: self.step,
+                    data_cursor: self.cursor,
+                    metrics_lines: self.metrics_lines,
+                    samplers: self.setup.team.rng_states(),
+                    plugins: self.plugin_hashes.clone(),
+                    learners: self
+                        .learners
+                        .iter()
+                        .map(|l| state::LearnerState {
+                            agent: l.agent,
+                            kl: l.kl.clone(),
+                            optimizer_steps: l.optimizer.steps(),
+                        })
+                        .collect(),
+                };
+                st.write(dir)
+            })
+            .with_context(|| format!("writing the checkpoint of step {}", self.step))
+    }
+
+    /// An agent's trained parts: PEFT adapter, value head(s), full weights.
+    fn save_agent(&self, l: &Learner, out: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out)?;
+        let agent = self.setup.team.agent(l.agent as usize);
+        if let Some(lora) = &agent.lora {
+            lora.save(out, self.cfg.agent_model(l.agent as usize))?;
+        }
+        if let Some(vh) = &agent.value_head {
+            vh.save(&out.join("value_head.safetensors"))?;
+        }
+        for (t, vh) in l.turn_heads.iter().enumerate() {
+            vh.save(&out.join(format!("value_head.turn-{}.safetensors", t + 1)))?;
+        }
+        if !agent.weights.is_empty() {
+            agent.save_weights(&out.join("model.safetensors"))?;
+        }
+        Ok(())
+    }
+
+    /// Puts the run back where the checkpoint in `dir` left it.
+    fn restore(&mut self, dir: &Path, allow_plugin_change: bool) -> anyhow::Result<()> {
+        let st = state::TrainState::read(dir)?;
+        if st.plugins != self.plugin_hashes && !allow_plugin_change {
+            bail!(
+                "{}",
+                state::plugin_change(&st.plugins, &self.plugin_hashes, dir)
+            );
+        }
+        let ids: Vec<u32> = self.learners.iter().map(|l| l.agent).collect();
+        let saved: Vec<u32> = st.learners.iter().map(|l| l.agent).collect();
+        if ids != saved {
+            bail!(
+                "the checkpoint {} trained agents {saved:?}, this config trains {ids:?}",
+                dir.display()
+            );
+        }
+        for (l, s) in self.learners.iter_mut().zip(&st.learners) {
+            let path = dir
+                .join(format!("agent-{}", l.agent))
+                .join("optimizer.safetensors");
+            l.optimizer.load(&path)?;
+            l.kl = s.kl.clone();
+        }
+        self.setup
+            .team
+            .restore_rng_states(&st.samplers)
+            .with_context(|| format!("restoring the samplers from {}", dir.display()))?;
+        self.step = st.step;
+        self.cursor = st.data_cursor;
+        self.metrics_lines = st.metrics_lines;
+        state::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
+        eprintln!(
+            "resuming after step {} of {} from {}",
+            st.step,
+            self.cfg.train.steps,
+            dir.display()
+        );
+        Ok(())
+    }
+
+    /// The trained adapters and value heads in the PEFT layout, under `dir/agent-N/`.
+    fn export_adapters(&self, dir: &Path) -> anyhow::Result<()> {
+        replace_dir(dir, |tmp| {
+            for l in &self.learners {
+                self.save_agent(l, &tmp.join(format!("agent-{}", l.agent)))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Fills a temporary directory beside `dir` and renames it into place, so that a failure
+/// leaves the old `dir` (or none) rather than half of a new one.
+fn replace_dir(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let parent = dir
+        .parent()
+        .context("a directory to replace needs a parent")?;
+    std::fs::create_dir_all(parent)?;
+    let tmp = tempfile::tempdir_in(parent)?;
+    fill(tmp.path())?;
+    let staged = tmp.keep();
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::rename(&staged, dir).with_context(|| format!("moving into {}", dir.display()))?;
+    Ok(())
+}
+
+/// A learner for agent `a`: an adapter (or its own trainable weights), value head(s) and an
+/// optimizer, fresh or read from the checkpoint directory `from`.
+fn new_learner(
+    setup: &mut Setup,
+    cfg: &Config,
+    a: u32,
+    from: Option<&Path>,
+) -> anyhow::Result<Learner> {
+    let t = &cfg.train;
+    let agent = setup.team.agent_mut(a as usize);
+    let base = agent.base.clone();
+    let hidden = base.config().hidden_size;
+    let seed = cfg.seed + u64::from(a);
+    let head = |k: u64| ValueHead::new(hidden, DType::F32, base.device(), seed + 100 + k);
+    if t.full_finetune {
+        agent.train_all_weights()?;
+        if let Some(dir) = from {
+            agent.load_weights(&dir.join("model.safetensors"))?;
+        }
+    } else {
+        agent.lora = Some(match from {
+            Some(dir) => Lora::load(dir, &base)?,
+            None => Lora::new(
+                &base,
+                LoraConfig {
+                    r: t.lora_r,
+                    alpha: t.lora_alpha,
+                    target_modules: t.lora_targets.clone(),
+                },
+                seed,
+            )?,
+        });
+    }
+    let load_head = |name: String, k: u64| match from {
+        Some(dir) => ValueHead::load(&dir.join(name), hidden, DType::F32, base.device()),
+        None => head(k),
+    };
+    let mut turn_heads = Vec::new();
+    if t.value_heads == "per-turn" {
+        for turn in 1..=cfg.debate.turns {
+            turn_heads.push(load_head(
+                format!("value_head.turn-{turn}.safetensors"),
+                u64::from(turn),
+            )?);
+        }
+    } else {
+        agent.value_head = Some(load_head("value_head.safetensors".into(), 0)?);
+    }
+    let mut named = agent.named_trainable_vars();
+    for (i, h) in turn_heads.iter().enumerate() {
+        named.extend(
+            h.named_vars()
+                .into_iter()
+                .map(|(k, v)| (format!("turn-{}.{k}", i + 1), v)),
+        );
+    }
+    let optimizer = AgentOptimizer::new(named, t.ppo.lr, t.ppo.weight_decay)?;
+    let kl = match t.kl_target {
+        Some(target) => KlController::Adaptive {
+            value: t.kl_coef,
+            target,
+            horizon: t.kl_horizon,
+        },
+        None => KlController::Fixed { value: t.kl_coef },
+    };
+    Ok(Learner {
+        agent: a,
+        optimizer,
+        reference: Agent::new(base),
+        kl,
+        turn_heads,
+    })
+}
+
+/// Statistics of several updates, weighted by their sample counts (tokens summed).
+fn weighted_mean(parts: &[(usize, StepStats)]) -> StepStats {
+    let n: usize = parts.iter().map(|(n, _)| n).sum();
+    let mut out = StepStats::default();
+    for (k, s) in parts {
+        let w = *k as f32 / n.max(1) as f32;
+        out.reward_mean += w * s.reward_mean;
+        out.kl += w * s.kl;
+        out.kl_coef = s.kl_coef;
+        out.policy_loss += w * s.policy_loss;
+        out.value_loss += w * s.value_loss;
+        out.approx_kl += w * s.approx_kl;
+        out.clip_fraction += w * s.clip_fraction;
+        out.entropy += w * s.entropy;
+        out.grad_norm += w * s.grad_norm;
+        out.tokens += s.tokens;
+    }
+    out
+}
+
+fn reward_parts(debates: &[Debate]) -> BTreeMap<String, f64> {
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for r in debates.iter().flat_map(|d| &d.rewards) {
+        for (name, value) in &r.parts {
+            let e = sums.entry(name.clone()).or_default();
+            e.0 += f64::from(*value);
+            e.1 += 1;
+        }
+    }
+    sums.into_iter()
+        .map(|(k, (s, n))| (k, s / n as f64))
+        .collect()
+}

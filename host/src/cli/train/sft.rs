@@ -1,0 +1,167 @@
+//! The paper's SFT baseline (`train.mode = "sft"`): debates of the untrained team over the
+//! data, the best `train.sft.top_fraction` of them by total shaped reward kept, and every
+//! agent fine-tuned with a LoRA adapter on its own utterances in those debates
+//! (cross-entropy on the response tokens).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::super::run::{progress_bar, tasks, Setup};
+use super::replace_dir;
+use crate::checkpoint::Checkpoints;
+use crate::config::{write_atomic, Config};
+use crate::debate::{self, Debate, PluginHashes};
+use crate::model::{score, Lora, LoraConfig};
+use crate::ppo::{samples_of, AgentOptimizer};
+
+/// One line of `metrics.jsonl`: an epoch of one agent.
+#[derive(Serialize)]
+struct Metrics {
+    agent: u32,
+    epoch: usize,
+    /// Mean negative log-likelihood per response token over the epoch.
+    loss: f64,
+    grad_norm: f64,
+    samples: usize,
+    tokens: usize,
+}
+
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let run_dir = PathBuf::from(&config.run_dir);
+    if Checkpoints::new(&run_dir).latest()?.is_some() || run_dir.join("metrics.jsonl").exists() {
+        anyhow::bail!(
+            "{} already holds a training run; choose another run_dir",
+            run_dir.display()
+        );
+    }
+    let tasks = tasks(&config)?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+    write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    let mut setup = Setup::new(config)?;
+    setup.lock.write(&run_dir)?;
+    let cfg = setup.config.clone();
+    let sft = &cfg.train.sft;
+
+    // 1. The off-the-shelf team's debates.
+    let bar = progress_bar(tasks.len() as u64, "debating (off the shelf)");
+    let mut debates = Vec::with_capacity(tasks.len());
+    let on_error = setup.on_error();
+    for chunk in tasks.chunks(cfg.debate.batch_size) {
+        let rollout = debate::run(
+            &mut setup.plugins,
+            &mut setup.team,
+            chunk,
+            cfg.debate.agents,
+            cfg.debate.turns,
+            on_error,
+        )?;
+        debates.extend(rollout.debates);
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let hashes = PluginHashes::of(&setup.plugins);
+    debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
+
+    // 2. The best of them.
+    let kept = best(&debates, sft.top_fraction);
+    println!(
+        "kept {} of {} debates (top {:.0}% by total reward)",
+        kept.len(),
+        debates.len(),
+        sft.top_fraction * 100.0
+    );
+
+    // 3. Every agent learns its own utterances in them.
+    let metrics_path = run_dir.join("metrics.jsonl");
+    let mut metrics = std::fs::File::create(&metrics_path)
+        .with_context(|| format!("creating {}", metrics_path.display()))?;
+    let t = &cfg.train;
+    for a in 0..cfg.debate.agents {
+        let samples = samples_of(&kept, a);
+        if samples.is_empty() {
+            eprintln!("agent {a} has no utterances in the kept debates; it stays untrained");
+            continue;
+        }
+        let agent = setup.team.agent_mut(a as usize);
+        let base = agent.base.clone();
+        agent.lora = Some(Lora::new(
+            &base,
+            LoraConfig {
+                r: t.lora_r,
+                alpha: t.lora_alpha,
+                target_modules: t.lora_targets.clone(),
+            },
+            cfg.seed + u64::from(a),
+        )?);
+        let agent = setup.team.agent(a as usize);
+        let mut optimizer =
+            AgentOptimizer::new(agent.named_trainable_vars(), sft.lr, t.ppo.weight_decay)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5f7 ^ u64::from(a));
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        for epoch in 0..sft.epochs {
+            order.shuffle(&mut rng);
+            let (mut loss_sum, mut norm_sum, mut tokens, mut batches) = (0.0, 0.0, 0, 0);
+            for batch in order.chunks(sft.batch_size.max(1)) {
+                let pairs: Vec<(Vec<u32>, Vec<u32>)> = batch
+                    .iter()
+                    .map(|&i| (samples[i].prompt.clone(), samples[i].response.clone()))
+                    .collect();
+                let scored = score(agent, &pairs, false, t.ppo.chunk)?;
+                let n = scored.mask.sum_all()?.to_scalar::<f32>()?;
+                let loss = ((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / n as f64)?;
+                norm_sum += optimizer.minimize(&loss, t.ppo.max_grad_norm)?;
+                loss_sum += f64::from(loss.to_scalar::<f32>()?) * f64::from(n);
+                tokens += n as usize;
+                batches += 1;
+            }
+            let line = Metrics {
+                agent: a,
+                epoch,
+                loss: loss_sum / tokens.max(1) as f64,
+                grad_norm: norm_sum / f64::from(batches.max(1)),
+                samples: samples.len(),
+                tokens,
+            };
+            println!(
+                "agent {a} epoch {epoch}: loss {:.4} over {} responses",
+                line.loss, line.samples
+            );
+            serde_json::to_writer(&mut metrics, &line)?;
+            metrics.write_all(b"\n")?;
+        }
+    }
+
+    // 4. The adapters, in the PEFT layout.
+    let final_dir = run_dir.join("checkpoints/final");
+    replace_dir(&final_dir, |tmp| {
+        for a in 0..cfg.debate.agents {
+            if let Some(lora) = &setup.team.agent(a as usize).lora {
+                lora.save(&tmp.join(format!("agent-{a}")), cfg.agent_model(a as usize))?;
+            }
+        }
+        Ok(())
+    })?;
+    println!(
+        "SFT done; metrics in {}, adapters in {}",
+        metrics_path.display(),
+        final_dir.display()
+    );
+    Ok(())
+}
+
+/// The best `fraction` of the debates that finished, by the sum of their utterances' shaped
+/// rewards (at least one; ties keep the data order).
+fn best(debates: &[Debate], fraction: f64) -> Vec<Debate> {
+    let total = |d: &Debate| d.rewards.iter().map(|r| f64::from(r.total)).sum::<f64>();
+    let mut ok: Vec<&Debate> = debates.iter().filter(|d| d.error.is_none()).collect();
+    ok.sort_by(|a, b| total(b).total_cmp(&total(a)));
+    let keep = ((ok.len() as f64 * fraction).ceil() as usize).clamp(1.min(ok.len()), ok.len());
+    ok.into_iter().take(keep).cloned().collect()
+}

@@ -1,0 +1,316 @@
+//! AdamW with decoupled weight decay over named parameters, whose state (moments and step)
+//! is saved in checkpoints so that a resumed run continues exactly.
+//!
+//! candle-nn's `AdamW` keeps its moments private and applies one decay to every parameter;
+//! this one exempts norms and biases from decay (the usual practice for full fine-tuning) and
+//! accumulates gradients over micro-batches before a step.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+use candle_core::{backprop::GradStore, DType, Tensor, Var};
+
+/// AdamW's hyper-parameters (learning rate aside, which the schedule sets every step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decoupled decay, applied to weight matrices only (see [`decays`]).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// Whether a parameter named `name` gets weight decay: not biases, norms or embeddings'
+/// norms (`*.bias`, `*norm*`), nor the value head's bias.
+pub fn decays(name: &str) -> bool {
+    !(name.ends_with("bias") || name.contains("norm"))
+}
+
+struct Param {
+    name: String,
+    var: Var,
+    m: Tensor,
+    v: Tensor,
+    decay: bool,
+    /// Gradient summed over the micro-batches since the last step.
+    grad: Option<Tensor>,
+}
+
+pub struct AdamW {
+    params: Vec<Param>,
+    cfg: AdamWConfig,
+    lr: f64,
+    step: u64,
+}
+
+impl AdamW {
+    /// `named` must have unique names; the order is kept (it is the checkpoint's order).
+    pub fn new(named: Vec<(String, Var)>, lr: f64, cfg: AdamWConfig) -> anyhow::Result<AdamW> {
+        let mut params = Vec::with_capacity(named.len());
+        let mut seen = std::collections::HashSet::new();
+        for (name, var) in named {
+            if !seen.insert(name.clone()) {
+                bail!("AdamW: parameter `{name}` is listed twice");
+            }
+            let zeros = var.zeros_like()?.to_dtype(DType::F32)?;
+            params.push(Param {
+                decay: decays(&name),
+                name,
+                var,
+                m: zeros.clone(),
+                v: zeros,
+                grad: None,
+            });
+        }
+        Ok(AdamW {
+            params,
+            cfg,
+            lr,
+            step: 0,
+        })
+    }
+
+    pub fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Adds this backward pass's gradients to the pending ones.
+    pub fn accumulate(&mut self, grads: &GradStore) -> anyhow::Result<()> {
+        for p in &mut self.params {
+            if let Some(g) = grads.get(p.var.as_tensor()) {
+                let g = g.to_dtype(DType::F32)?;
+                p.grad = Some(match p.grad.take() {
+                    Some(acc) => (acc + g)?,
+                    None => g,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Global L2 norm of the pending gradients.
+    pub fn grad_norm(&self) -> anyhow::Result<f64> {
+        let mut sq = 0.0f64;
+        for g in self.params.iter().filter_map(|p| p.grad.as_ref()) {
+            sq += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+        Ok(sq.sqrt())
+    }
+
+    /// Clips the pending gradients to `max_norm` (global norm; `f64::INFINITY` for none),
+    /// takes one AdamW step and clears them. Returns the norm before clipping.
+    pub fn step(&mut self, max_norm: f64) -> anyhow::Result<f64> {
+        let norm = self.grad_norm()?;
+        let scale = if norm > max_norm {
+            max_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.step += 1;
+        let t = self.step as i32;
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for p in &mut self.params {
+            let Some(g) = p.grad.take() else { continue };
+            let g = (g * scale)?;
+            p.m = ((&p.m * b1)? + (&g * (1.0 - b1))?)?;
+            p.v = ((&p.v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let update = ((&p.m / c1)? / ((&p.v / c2)?.sqrt()? + self.cfg.eps)?)?;
+            let theta = p.var.as_tensor().to_dtype(DType::F32)?;
+            let theta = if p.decay && self.cfg.weight_decay > 0.0 {
+                (theta * (1.0 - self.lr * self.cfg.weight_decay))?
+            } else {
+                theta
+            };
+            let next = (theta - (update * self.lr)?)?;
+            p.var.set(&next.to_dtype(p.var.dtype())?)?;
+        }
+        Ok(norm)
+    }
+
+    /// Writes the moments (`m.NAME`, `v.NAME`) and the step count (`step`) as safetensors.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        let dev = self
+            .params
+            .first()
+            .map(|p| p.var.device().clone())
+            .unwrap_or(candle_core::Device::Cpu);
+        let mut t: HashMap<String, Tensor> = HashMap::new();
+        for p in &self.params {
+            t.insert(format!("m.{}", p.name), p.m.clone());
+            t.insert(format!("v.{}", p.name), p.v.clone());
+        }
+        t.insert(
+            "step".into(),
+            Tensor::new(&[self.step as i64], &dev)?.to_device(&candle_core::Device::Cpu)?,
+        );
+        candle_core::safetensors::save(&t, path)
+            .with_context(|| format!("writing optimizer state {}", path.display()))
+    }
+
+    /// Reads the state [`save`](Self::save) wrote; every parameter must be there with its
+    /// shape, and nothing else.
+    pub fn load_state(&mut self, path: &Path) -> anyhow::Result<()> {
+        let dev = self
+            .params
+            .first()
+            .map(|p| p.var.device().clone())
+            .unwrap_or(candle_core::Device::Cpu);
+        let f = candle_core::safetensors::load(path, &dev)
+            .with_context(|| format!("reading optimizer state {}", path.display()))?;
+        let step = f
+            .get("step")
+            .ok_or_else(|| anyhow!("{}: no `step` tensor", path.display()))?
+            .to_vec1::<i64>()?;
+        let expected = 2 * self.params.len() + 1;
+        if f.len() != expected {
+            bail!(
+                "{}: holds {} tensors, this optimizer has {} (is it another model or adapter \
+                 config?)",
+                path.display(),
+                f.len(),
+                expected
+            );
+        }
+        for p in &mut self.params {
+            for (kind, slot) in [("m", &mut p.m), ("v", &mut p.v)] {
+                let key = format!("{kind}.{}", p.name);
+                let x = f
+                    .get(&key)
+                    .ok_or_else(|| anyhow!("{}: tensor `{key}` is missing", path.display()))?;
+                if x.dims() != p.var.dims() {
+                    bail!(
+                        "{}: tensor `{key}` has shape {:?}, the parameter has {:?}",
+                        path.display(),
+                        x.dims(),
+                        p.var.dims()
+                    );
+                }
+                *slot = x.to_dtype(DType::F32)?;
+            }
+            p.grad = None;
+        }
+        self.step = step.first().copied().unwrap_or(0).max(0) as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn var(x: &[f32]) -> Var {
+        Var::new(x, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn first_step_moves_each_weight_by_lr_against_its_gradient_sign() {
+        // With bias correction, AdamW's first update is lr·g/(|g|+eps) = lr·sign(g).
+        let w = var(&[1.0, -2.0, 3.0]);
+        let mut opt =
+            AdamW::new(vec![("w".into(), w.clone())], 0.1, AdamWConfig::default()).unwrap();
+        let loss = (w.as_tensor() * Tensor::new(&[2.0f32, -1.0, 0.5], &Device::Cpu).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        opt.accumulate(&loss.backward().unwrap()).unwrap();
+        let norm = opt.step(f64::INFINITY).unwrap();
+        assert!((norm - (4.0f64 + 1.0 + 0.25).sqrt()).abs() < 1e-6);
+        let got = w.as_tensor().to_vec1::<f32>().unwrap();
+        for (g, e) in got.iter().zip([0.9f32, -1.9, 2.9]) {
+            assert!((g - e).abs() < 1e-5, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn decay_skips_norms_and_biases() {
+        assert!(decays("model.layers.0.mlp.up_proj.weight"));
+        assert!(!decays("model.layers.0.input_layernorm.weight"));
+        assert!(!decays("model.norm.weight"));
+        assert!(!decays("v_head.summary.bias"));
+        let (w, b) = (var(&[1.0]), var(&[1.0]));
+        let cfg = AdamWConfig {
+            weight_decay: 0.5,
+            ..AdamWConfig::default()
+        };
+        let mut opt = AdamW::new(
+            vec![("w".into(), w.clone()), ("b.bias".into(), b.clone())],
+            0.1,
+            cfg,
+        )
+        .unwrap();
+        // A zero gradient: only decay moves a weight.
+        // (Parameters without a gradient are skipped, as in PyTorch, so the graph must
+        // reach both: (w + b - 2)^2 has a zero gradient at w = b = 1.)
+        let loss = ((w.as_tensor() + b.as_tensor()).unwrap() - 2.0)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        opt.accumulate(&loss.backward().unwrap()).unwrap();
+        opt.step(f64::INFINITY).unwrap();
+        let got = w.as_tensor().to_vec1::<f32>().unwrap()[0];
+        assert!((got - 0.95).abs() < 1e-6, "{got}");
+        assert_eq!(b.as_tensor().to_vec1::<f32>().unwrap()[0], 1.0);
+    }
+
+    #[test]
+    fn saved_state_resumes_the_same_trajectory() {
+        let run = |split: bool| -> Vec<f32> {
+            let w = var(&[0.5, -0.5]);
+            let mut opt =
+                AdamW::new(vec![("w".into(), w.clone())], 0.05, AdamWConfig::default()).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            for i in 0..6 {
+                if split && i == 3 {
+                    // Save, then continue with a fresh optimizer loaded from disk.
+                    let p = dir.path().join("opt.safetensors");
+                    opt.save(&p).unwrap();
+                    opt = AdamW::new(vec![("w".into(), w.clone())], 0.05, AdamWConfig::default())
+                        .unwrap();
+                    opt.load_state(&p).unwrap();
+                    assert_eq!(opt.steps(), 3);
+                }
+                let loss = w.as_tensor().sqr().unwrap().sum_all().unwrap();
+                opt.accumulate(&loss.backward().unwrap()).unwrap();
+                opt.step(1.0).unwrap();
+            }
+            w.as_tensor().to_vec1::<f32>().unwrap()
+        };
+        assert_eq!(run(false), run(true));
+        // A state saved for other parameters is refused, naming the missing tensor.
+        let w = var(&[0.5, -0.5]);
+        let mut opt =
+            AdamW::new(vec![("w".into(), w.clone())], 0.05, AdamWConfig::default()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.safetensors");
+        let other = AdamW::new(
+            vec![("x".into(), var(&[1.0, 2.0]))],
+            0.1,
+            AdamWConfig::default(),
+        )
+        .unwrap();
+        other.save(&p).unwrap();
+        let err = opt.load_state(&p).unwrap_err().to_string();
+        assert!(err.contains("`m.w` is missing"), "{err}");
+    }
+}
