@@ -509,3 +509,106 @@ fn full_finetuning_and_a_team_of_two_model_families() {
     assert!(base_of(0).contains("tiny-qwen2"), "{}", base_of(0));
     assert!(base_of(1).contains("SmolLM2"), "{}", base_of(1));
 }
+
+/// `maporl eval` on the quickstart config shrunk like the training runs; returns each
+/// debate's utterance texts as (turn, agent, text).
+fn eval_texts(run: &Path, model: &Path, extra: &[&str]) -> Vec<Vec<(u64, u64, String)>> {
+    let config = repo().join("configs/quickstart-arith.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["eval", "--config", config.to_str().unwrap()])
+        .args(["--set", &format!("model.path={}", model.display())])
+        .args(["--set", &format!("run_dir={}", run.display())])
+        .args([
+            "--set",
+            "debate.turns=2",
+            "--set",
+            "generation.max_new_tokens=6",
+        ])
+        .args(extra)
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::read_to_string(run.join("transcripts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let r: serde_json::Value = serde_json::from_str(l).unwrap();
+            r["transcript"]["utterances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|u| {
+                    (
+                        u["turn"].as_u64().unwrap(),
+                        u["agent"].as_u64().unwrap(),
+                        u["text"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn eval_speaks_with_trained_adapters_from_the_configured_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    train(&run, &model, &["--set", "train.ppo.lr=0.05"]);
+    let adapters = format!(
+        "agents=[{{adapter = \"{0}/agent-0\"}}, {{adapter = \"{0}/agent-1\"}}]",
+        run.join("checkpoints/final").display()
+    );
+    let texts = |debates: &[Vec<(u64, u64, String)>], turn: u64| -> Vec<String> {
+        debates
+            .iter()
+            .flatten()
+            .filter(|u| u.0 == turn)
+            .map(|u| u.2.clone())
+            .collect()
+    };
+    let base = eval_texts(&dir.path().join("e0"), &model, &[]);
+    let tuned = eval_texts(&dir.path().join("e1"), &model, &["--set", &adapters]);
+    let later = eval_texts(
+        &dir.path().join("e2"),
+        &model,
+        &["--set", &adapters, "--set", "train.adapter_from_turn=2"],
+    );
+    assert_eq!(base.len(), 8);
+    assert_ne!(
+        texts(&base, 1),
+        texts(&tuned, 1),
+        "the adapters change turn 1"
+    );
+    assert_eq!(
+        texts(&base, 1),
+        texts(&later, 1),
+        "from turn 2 on, turn 1 is the base's"
+    );
+    assert_ne!(
+        texts(&base, 2),
+        texts(&later, 2),
+        "the adapters speak on turn 2"
+    );
+
+    // A missing adapter is named with its agent.
+    let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["eval", "--config"])
+        .arg(repo().join("configs/quickstart-arith.toml"))
+        .args(["--set", &format!("model.path={}", model.display())])
+        .args([
+            "--set",
+            &format!("run_dir={}", dir.path().join("e3").display()),
+        ])
+        .args(["--set", "agents=[{}, {adapter = \"/nonexistent/agent-1\"}]"])
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("agents[1].adapter") && text(&out).contains("/nonexistent/agent-1"),
+        "{}",
+        text(&out)
+    );
+}

@@ -10,7 +10,7 @@ use clap::Args;
 use crate::bundle::{LockedPlugin, PluginLock};
 use crate::config::{expand_home, write_atomic, Config};
 use crate::debate::{self, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
-use crate::model::SamplingParams;
+use crate::model::{Lora, SamplingParams};
 use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 use crate::transcript::Task;
 
@@ -98,7 +98,19 @@ impl Setup {
                 _ => DType::F32,
             },
         };
-        let team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
+        let mut team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
+        for a in 0..config.debate.agents as usize {
+            if let Some(dir) = config.agent_adapter(a) {
+                let dir = expand_home(dir);
+                let agent = team.agent_mut(a);
+                agent.lora =
+                    Some(Lora::load(&dir, &agent.base).with_context(|| {
+                        format!("agents[{a}].adapter: loading {}", dir.display())
+                    })?);
+            }
+        }
+        // The paper's frozen turn-1 policy: adapters speak from this turn on.
+        team.use_adapters_from_turn(config.train.adapter_from_turn);
         Ok(Setup {
             config,
             plugins,

@@ -166,6 +166,9 @@ pub struct ModelConfig {
 pub struct AgentConfig {
     /// This agent's own base model; empty: the shared `model`.
     pub model: String,
+    /// A LoRA adapter in the PEFT layout for this agent (e.g. a training run's
+    /// `checkpoints/final/agent-N`); empty: none. Training continues from it.
+    pub adapter: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -451,6 +454,14 @@ impl Config {
     }
 
     /// The model path of agent `a`.
+    /// Agent `a`'s adapter directory, if the config gives one.
+    pub fn agent_adapter(&self, a: usize) -> Option<&str> {
+        self.agents
+            .get(a)
+            .map(|agent| agent.adapter.as_str())
+            .filter(|p| !p.is_empty())
+    }
+
     pub fn agent_model(&self, a: usize) -> &str {
         match self.agents.get(a) {
             Some(agent) if !agent.model.is_empty() => &agent.model,
@@ -544,6 +555,40 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_shipped_config_loads_and_the_paper_ones_match_paper_settings() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.extension().is_some_and(|x| x == "toml") {
+                Config::load(&path, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "{n} configs");
+        for name in ["gsm8k-maporl.toml", "anli-maporl.toml"] {
+            let c = Config::load(&dir.join(name), &[]).unwrap();
+            let (t, p) = (&c.train, &c.train.ppo);
+            assert_eq!((c.debate.agents, c.debate.turns), (2, 3), "{name}");
+            assert_eq!(
+                (t.lora_r, t.lora_alpha, t.kl_coef),
+                (8, 16.0, 0.002),
+                "{name}"
+            );
+            assert_eq!(
+                (p.lr, p.epochs, p.minibatches, p.vf_coef),
+                (1e-5, 4, 8, 0.1),
+                "{name}"
+            );
+            assert_eq!(
+                t.steps * c.debate.batch_size,
+                12_800,
+                "{name}: the paper's 12,800"
+            );
+        }
+    }
 
     #[test]
     fn defaults_fill_everything_and_round_trip() {

@@ -173,9 +173,6 @@ impl Trainer {
         }
         setup.lock.write(&run_dir)?;
         let cfg = setup.config.clone();
-        setup
-            .team
-            .use_adapters_from_turn(cfg.train.adapter_from_turn);
         let plugin_hashes = PluginHashes::of(&setup.plugins);
         let learner_ids: Vec<u32> = match cfg.train.mode.as_str() {
             "single" => vec![0],
@@ -524,9 +521,11 @@ fn new_learner(
             agent.load_weights(&dir.join("model.safetensors"))?;
         }
     } else {
-        agent.lora = Some(match from {
-            Some(dir) => Lora::load(dir, &base)?,
-            None => Lora::new(
+        agent.lora = Some(match (from, agent.lora.take()) {
+            (Some(dir), _) => Lora::load(dir, &base)?,
+            // The config's `agents[a].adapter`: training continues from it.
+            (None, Some(given)) => given,
+            (None, None) => Lora::new(
                 &base,
                 LoraConfig {
                     r: t.lora_r,
