@@ -378,6 +378,10 @@ fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
         "train.sft.epochs=4",
         "--set",
         "train.sft.lr=0.01",
+        "--set",
+        "data.count=12",
+        "--set",
+        "data.held_out=4",
     ];
     let out = run_train(&run, &model, &sft, &[]);
     assert!(out.status.success(), "{}", text(&out));
@@ -397,7 +401,18 @@ fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
         assert!(adapter.join("adapter_model.safetensors").is_file());
     }
     let transcripts = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
-    assert_eq!(transcripts.lines().count(), 8);
+    assert_eq!(
+        transcripts.lines().count(),
+        8,
+        "the 8 training tasks' debates"
+    );
+    // The held-out 4, debated by the untuned team and then by the tuned one.
+    let texts = |name: &str| {
+        std::fs::read_to_string(run.join(format!("transcripts-{name}.jsonl"))).unwrap()
+    };
+    assert_eq!(texts("before").lines().count(), 4);
+    assert_ne!(texts("before"), texts("after"), "the tuned adapters speak");
+    assert!(text(&out).contains("held-out tasks, after training"));
 }
 
 #[test]
@@ -608,6 +623,76 @@ fn eval_speaks_with_trained_adapters_from_the_configured_turn() {
     assert!(!out.status.success());
     assert!(
         text(&out).contains("agents[1].adapter") && text(&out).contains("/nonexistent/agent-1"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn held_out_tasks_are_evaluated_before_and_after_and_never_trained_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("held");
+    let out = run_train(
+        &run,
+        &model,
+        &["--set", "data.count=12", "--set", "data.held_out=4"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    for name in ["before", "after"] {
+        assert!(
+            text(&out).contains(&format!(
+                "held-out tasks, {name} training:\n| 4 tasks, 2 agents"
+            )),
+            "{}",
+            text(&out)
+        );
+        let report: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(run.join(format!("eval-{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["tasks"], 4);
+        let ids: Vec<String> =
+            std::fs::read_to_string(run.join(format!("transcripts-{name}.jsonl")))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["task"]["id"].to_string()
+                })
+                .collect();
+        assert_eq!(ids.len(), 4);
+    }
+    // Training on tasks 5-12 with the evaluations around it is training on tasks 5-12 alone.
+    let plain = dir.path().join("plain");
+    let expected = train(
+        &plain,
+        &model,
+        &["--set", "data.count=8", "--set", "data.offset=4"],
+    );
+    assert_eq!(without_timings(&metrics(&run)), without_timings(&expected));
+    assert_eq!(
+        files(&run.join("checkpoints/final")),
+        files(&plain.join("checkpoints/final"))
+    );
+    assert!(!plain.join("eval-before.json").exists());
+
+    // `maporl eval` debates only the held-out set; too large a set is refused.
+    let e = eval_texts(
+        &dir.path().join("eval"),
+        &model,
+        &["--set", "data.count=12", "--set", "data.held_out=4"],
+    );
+    assert_eq!(e.len(), 4);
+    let out = run_train(
+        &dir.path().join("bad"),
+        &model,
+        &["--set", "data.count=4", "--set", "data.held_out=4"],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("data.held_out = 4 leaves no training tasks"),
         "{}",
         text(&out)
     );

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::bundle::{LockedPlugin, PluginLock};
 use crate::config::{expand_home, write_atomic, Config};
-use crate::debate::{self, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
+use crate::debate::{self, Debate, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
 use crate::model::{Lora, SamplingParams};
 use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 use crate::transcript::Task;
@@ -119,6 +119,37 @@ impl Setup {
         })
     }
 
+    /// Debates `tasks` in batches of `debate.batch_size`, with a progress bar; returns the
+    /// debates and the time spent in plugins and in the team.
+    pub fn debate_all(
+        &mut self,
+        tasks: &[Task],
+        label: &'static str,
+    ) -> anyhow::Result<(Vec<Debate>, Duration, Duration)> {
+        let d = &self.config.debate;
+        let (agents, turns, batch) = (d.agents, d.turns, d.batch_size);
+        let on_error = self.on_error();
+        let bar = progress_bar(tasks.len() as u64, label);
+        let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
+        let mut debates = Vec::with_capacity(tasks.len());
+        for chunk in tasks.chunks(batch) {
+            let rollout = debate::run(
+                &mut self.plugins,
+                &mut self.team,
+                chunk,
+                agents,
+                turns,
+                on_error,
+            )?;
+            plugin_time += rollout.plugin_time;
+            team_time += rollout.team_time;
+            debates.extend(rollout.debates);
+            bar.inc(chunk.len() as u64);
+        }
+        bar.finish_and_clear();
+        Ok((debates, plugin_time, team_time))
+    }
+
     pub fn on_error(&self) -> OnPluginError {
         if self.config.debate.on_plugin_error == "drop-task" {
             OnPluginError::DropTask
@@ -128,7 +159,27 @@ impl Setup {
     }
 }
 
-/// The evaluation tasks the config names.
+/// Splits the selected tasks into the evaluation set (the first `data.held_out`) and the
+/// training set (the rest); without a held-out set both are every task.
+pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>, Vec<Task>)> {
+    let n = config.data.held_out;
+    if n == 0 {
+        return Ok((tasks.clone(), tasks));
+    }
+    if n >= tasks.len() {
+        bail!(
+            "data.held_out = {n} leaves no training tasks: the config selects {} (raise \
+             data.count)",
+            tasks.len()
+        );
+    }
+    let train = tasks[n..].to_vec();
+    let mut eval = tasks;
+    eval.truncate(n);
+    Ok((eval, train))
+}
+
+/// The tasks the config names.
 pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
     let d = &config.data;
     let path = expand_home(&d.path);
@@ -172,37 +223,14 @@ pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
 /// `eval.json` and the per-turn table.
 pub fn evaluate(config: Config) -> anyhow::Result<()> {
     let run_dir = PathBuf::from(&config.run_dir);
-    let tasks = tasks(&config)?;
+    let (tasks, _) = held_out(tasks(&config)?, &config)?;
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
     write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     let mut setup = Setup::new(config)?;
     setup.lock.write(&run_dir)?;
-    let (agents, turns, batch) = (
-        setup.config.debate.agents,
-        setup.config.debate.turns,
-        setup.config.debate.batch_size,
-    );
-    let on_error = setup.on_error();
-    let bar = progress_bar(tasks.len() as u64, "debating");
     let started = Instant::now();
-    let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
-    let mut debates = Vec::with_capacity(tasks.len());
-    for chunk in tasks.chunks(batch) {
-        let rollout = debate::run(
-            &mut setup.plugins,
-            &mut setup.team,
-            chunk,
-            agents,
-            turns,
-            on_error,
-        )?;
-        plugin_time += rollout.plugin_time;
-        team_time += rollout.team_time;
-        debates.extend(rollout.debates);
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
+    let (debates, plugin_time, team_time) = setup.debate_all(&tasks, "debating")?;
     let elapsed = started.elapsed();
     let hashes = PluginHashes::of(&setup.plugins);
     debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;

@@ -146,6 +146,10 @@ pub struct DataConfig {
     pub count: usize,
     /// Tasks to skip first.
     pub offset: usize,
+    /// The first `held_out` selected tasks are the evaluation set: `maporl eval` debates only
+    /// them, `maporl train` trains on the rest and evaluates them before and after training.
+    /// 0: no held-out set (eval and train use every selected task).
+    pub held_out: usize,
     /// For "jsonl": the task kind plugins see, and which field holds what.
     pub kind: String,
     pub fields: Option<FieldMap>,
@@ -251,6 +255,7 @@ impl Default for DataConfig {
             difficulty: 1,
             count: 16,
             offset: 0,
+            held_out: 0,
             kind: String::new(),
             fields: None,
         }

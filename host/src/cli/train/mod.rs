@@ -18,7 +18,7 @@ use candle_core::DType;
 use clap::Args;
 use serde::Serialize;
 
-use super::run::{tasks, ConfigArgs, Setup};
+use super::run::{held_out, tasks, ConfigArgs, Setup};
 use crate::checkpoint::Checkpoints;
 use crate::config::{write_atomic, Config};
 use crate::debate::{self, Debate, PluginHashes};
@@ -122,6 +122,8 @@ struct Trainer {
     setup: Setup,
     cfg: Config,
     tasks: Vec<Task>,
+    /// `data.held_out`'s evaluation set, debated before and after training.
+    held: Vec<Task>,
     learners: Vec<Learner>,
     run_dir: PathBuf,
     checkpoints: Checkpoints,
@@ -156,7 +158,12 @@ impl Trainer {
             }
             None
         };
-        let tasks = tasks(&config)?;
+        let (held, tasks) = held_out(tasks(&config)?, &config)?;
+        let held = if config.data.held_out > 0 {
+            held
+        } else {
+            vec![]
+        };
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating run dir {}", run_dir.display()))?;
         if resume_from.is_none() {
@@ -192,6 +199,7 @@ impl Trainer {
             setup,
             cfg,
             tasks,
+            held,
             learners,
             checkpoints,
             step: 0,
@@ -223,6 +231,9 @@ impl Trainer {
             .open(self.metrics_path())
             .with_context(|| format!("opening {}", self.metrics_path().display()))?;
         let every = self.cfg.train.checkpoint_every;
+        if self.step == 0 && !self.held.is_empty() {
+            evaluate_held_out(&mut self.setup, &self.held, &self.run_dir, "before")?;
+        }
         while self.step < steps {
             let line = self.train_step()?;
             serde_json::to_writer(&mut metrics_file, &line)?;
@@ -249,6 +260,10 @@ impl Trainer {
         bar.finish_and_clear();
         let final_dir = self.run_dir.join("checkpoints/final");
         self.export_adapters(&final_dir)?;
+        if !self.held.is_empty() {
+            evaluate_held_out(&mut self.setup, &self.held, &self.run_dir, "after")?;
+            print_before_after(&self.run_dir)?;
+        }
         println!(
             "trained {steps} steps; metrics in {}, adapters in {}",
             self.metrics_path().display(),
@@ -482,6 +497,56 @@ impl Trainer {
             Ok(())
         })
     }
+}
+
+/// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and
+/// `transcripts-NAME.jsonl`. Leaves the run as it found it: the samplers are restored and
+/// the plugins restarted afresh before the next step, so a run with a held-out evaluation
+/// trains exactly like one without.
+fn evaluate_held_out(
+    setup: &mut Setup,
+    held: &[Task],
+    run_dir: &Path,
+    name: &str,
+) -> anyhow::Result<crate::eval::Report> {
+    let samplers = setup.team.rng_states();
+    // An epoch no training step uses; the same before and after, so that the two
+    // evaluations differ only by the training.
+    setup.plugins.restart(u64::MAX)?;
+    let label = if name == "before" {
+        "evaluating (before)"
+    } else {
+        "evaluating (after)"
+    };
+    let (debates, _, _) = setup
+        .debate_all(held, label)
+        .with_context(|| format!("the held-out evaluation {name} training"))?;
+    setup.team.restore_rng_states(&samplers)?;
+    let hashes = PluginHashes::of(&setup.plugins);
+    debate::write_transcripts(
+        &run_dir.join(format!("transcripts-{name}.jsonl")),
+        &debates,
+        &hashes,
+    )?;
+    let report = crate::eval::evaluate(&debates);
+    write_atomic(
+        &run_dir.join(format!("eval-{name}.json")),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
+    )?;
+    Ok(report)
+}
+
+/// Prints the held-out tables before and after training, from the run's files.
+fn print_before_after(run_dir: &Path) -> anyhow::Result<()> {
+    for name in ["before", "after"] {
+        let path = run_dir.join(format!("eval-{name}.json"));
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let report: crate::eval::Report = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not an evaluation report", path.display()))?;
+        println!("held-out tasks, {name} training:\n{}", report.table());
+    }
+    Ok(())
 }
 
 /// Fills a temporary directory beside `dir` and renames it into place, so that a failure

@@ -12,7 +12,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::super::run::{progress_bar, tasks, Setup};
+use super::super::run::{held_out, tasks, Setup};
 use super::replace_dir;
 use crate::checkpoint::Checkpoints;
 use crate::config::{write_atomic, Config};
@@ -40,7 +40,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             run_dir.display()
         );
     }
-    let tasks = tasks(&config)?;
+    let (held, tasks) = held_out(tasks(&config)?, &config)?;
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
     write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
@@ -50,22 +50,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let sft = &cfg.train.sft;
 
     // 1. The off-the-shelf team's debates.
-    let bar = progress_bar(tasks.len() as u64, "debating (off the shelf)");
-    let mut debates = Vec::with_capacity(tasks.len());
-    let on_error = setup.on_error();
-    for chunk in tasks.chunks(cfg.debate.batch_size) {
-        let rollout = debate::run(
-            &mut setup.plugins,
-            &mut setup.team,
-            chunk,
-            cfg.debate.agents,
-            cfg.debate.turns,
-            on_error,
-        )?;
-        debates.extend(rollout.debates);
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
+    let (debates, _, _) = setup.debate_all(&tasks, "debating (off the shelf)")?;
     let hashes = PluginHashes::of(&setup.plugins);
     debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
 
@@ -148,6 +133,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
         Ok(())
     })?;
+    if cfg.data.held_out > 0 {
+        // The untrained team's debates on the held-out set, then the tuned team's.
+        let tuned: Vec<_> = (0..cfg.debate.agents as usize)
+            .map(|a| setup.team.agent_mut(a).lora.take())
+            .collect();
+        super::evaluate_held_out(&mut setup, &held, &run_dir, "before")?;
+        for (a, lora) in tuned.into_iter().enumerate() {
+            setup.team.agent_mut(a).lora = lora;
+        }
+        super::evaluate_held_out(&mut setup, &held, &run_dir, "after")?;
+        super::print_before_after(&run_dir)?;
+    }
     println!(
         "SFT done; metrics in {}, adapters in {}",
         metrics_path.display(),
