@@ -17,10 +17,9 @@ mod support;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{DType, Device};
 use maporl::debate::{self, Debate, OnPluginError, Plugins, Response, Team, TokenIds};
-use maporl::model::{score, Agent, Base, Config, Lora, LoraConfig, ValueHead};
+use maporl::model::{score, Agent, Lora, LoraConfig, ValueHead};
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
 use maporl::ppo::{
     gae, ppo_step, samples_of, token_rewards, whiten, AgentOptimizer, KlController, PpoConfig,
@@ -381,53 +380,6 @@ fn gae_carries_the_influence_credit_to_every_token_of_that_answer_and_nowhere_el
     }
 }
 
-fn tiny_base() -> Base {
-    let cfg = Config::from_hf_json(&format!(
-        r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":{H},"intermediate_size":64,
-        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":{V},
-        "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":32,"tie_word_embeddings":false}}"#
-    ))
-    .unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let mut t = |dims: &[usize], scale: f32, offset: f32| {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| offset + rng.random_range(-scale..scale))
-            .collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    };
-    let mut w = HashMap::new();
-    w.insert(
-        "model.embed_tokens.weight".to_string(),
-        t(&[V, H], 1.0, 0.0),
-    );
-    w.insert("lm_head.weight".to_string(), t(&[V, H], 0.35, 0.0));
-    w.insert("model.norm.weight".to_string(), t(&[H], 0.1, 1.0));
-    for l in 0..2 {
-        let p = format!("model.layers.{l}");
-        for (name, dims) in [
-            ("self_attn.q_proj.weight", [H, H]),
-            ("self_attn.k_proj.weight", [16, H]),
-            ("self_attn.v_proj.weight", [16, H]),
-            ("self_attn.o_proj.weight", [H, H]),
-            ("mlp.gate_proj.weight", [64, H]),
-            ("mlp.up_proj.weight", [64, H]),
-            ("mlp.down_proj.weight", [H, 64]),
-        ] {
-            w.insert(
-                format!("{p}.{name}"),
-                t(&dims, 1.0 / (dims[1] as f32).sqrt(), 0.0),
-            );
-        }
-        w.insert(format!("{p}.input_layernorm.weight"), t(&[H], 0.1, 1.0));
-        w.insert(
-            format!("{p}.post_attention_layernorm.weight"),
-            t(&[H], 0.1, 1.0),
-        );
-    }
-    Base::new(&cfg, VarBuilder::from_tensors(w, DType::F32, &Device::Cpu)).unwrap()
-}
-
 /// Total log-prob of `sample`'s response under `agent`.
 fn logprob(agent: &Agent, sample: &Sample) -> f32 {
     let scored = score(
@@ -449,7 +401,7 @@ fn logprob(agent: &Agent, sample: &Sample) -> f32 {
 fn one_ppo_update_makes_the_influential_answer_more_likely_than_the_same_answer_without_influence()
 {
     let [a, b, _] = debates();
-    let base = Arc::new(tiny_base());
+    let base = Arc::new(tiny_llama::<V>());
     let fresh = || {
         let mut agent = Agent::new(base.clone());
         let lora_cfg = LoraConfig {

@@ -2,68 +2,21 @@
 //! answering a one-token question right, goes from chance to at least 0.9 accuracy within a
 //! bounded number of PPO steps on CPU.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{DType, Device};
 use maporl::model::{
-    generate, Agent, Base, Config, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams,
-    ValueHead,
+    generate, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams, ValueHead,
 };
 use maporl::ppo::{ppo_step, AgentOptimizer, KlController, PpoConfig, Sample};
 use rand::{Rng, SeedableRng};
 
+mod support;
+
+use support::tiny_llama;
+
 const V: usize = 16;
 const H: usize = 32;
-
-fn tiny_base() -> Base {
-    let cfg = Config::from_hf_json(&format!(
-        r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":{H},"intermediate_size":64,
-        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":{V},
-        "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":32,"tie_word_embeddings":false}}"#
-    ))
-    .unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let mut t = |dims: &[usize], scale: f32, offset: f32| {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| offset + rng.random_range(-scale..scale))
-            .collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    };
-    let mut w = HashMap::new();
-    w.insert(
-        "model.embed_tokens.weight".to_string(),
-        t(&[V, H], 1.0, 0.0),
-    );
-    // Large enough that a confident answer (p > 0.9) is reachable through the frozen head.
-    w.insert("lm_head.weight".to_string(), t(&[V, H], 0.35, 0.0));
-    w.insert("model.norm.weight".to_string(), t(&[H], 0.1, 1.0));
-    for l in 0..2 {
-        let p = format!("model.layers.{l}");
-        for (name, dims) in [
-            ("self_attn.q_proj.weight", [H, H]),
-            ("self_attn.k_proj.weight", [16, H]),
-            ("self_attn.v_proj.weight", [16, H]),
-            ("self_attn.o_proj.weight", [H, H]),
-            ("mlp.gate_proj.weight", [64, H]),
-            ("mlp.up_proj.weight", [64, H]),
-            ("mlp.down_proj.weight", [H, 64]),
-        ] {
-            w.insert(
-                format!("{p}.{name}"),
-                t(&dims, 1.0 / (dims[1] as f32).sqrt(), 0.0),
-            );
-        }
-        w.insert(format!("{p}.input_layernorm.weight"), t(&[H], 0.1, 1.0));
-        w.insert(
-            format!("{p}.post_attention_layernorm.weight"),
-            t(&[H], 0.1, 1.0),
-        );
-    }
-    Base::new(&cfg, VarBuilder::from_tensors(w, DType::F32, &Device::Cpu)).unwrap()
-}
 
 /// Question q (0..4) is the prompt [1, 2 + q]; its one right answer is token 8 + q.
 fn prompt(q: u32) -> Vec<u32> {
@@ -95,7 +48,7 @@ fn accuracy(agent: &Agent, sampler: &mut Sampler, n: usize) -> f32 {
 
 #[test]
 fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
-    let base = Arc::new(tiny_base());
+    let base = Arc::new(tiny_llama::<V>());
     let lora_cfg = LoraConfig {
         r: 8,
         alpha: 16.0,
@@ -199,7 +152,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
 /// counts, weighted by their share of tokens, sum to the minibatch's gradient.
 #[test]
 fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
-    let base = Arc::new(tiny_base());
+    let base = Arc::new(tiny_llama::<V>());
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     // Responses of 1 to 5 tokens, so that micro-batches hold different token counts.
     let samples: Vec<Sample> = (0..12u32)

@@ -185,3 +185,59 @@ pub fn write_tiny_qwen2(dir: &Path) {
     });
     std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
 }
+
+/// A tiny random llama (hidden 32, 2 layers, untied lm_head scaled so that a confident
+/// answer is reachable through it) with `V` tokens; the same weights for the same `V`.
+pub fn tiny_llama<const V: usize>() -> maporl::model::Base {
+    use candle_core::{DType, Device, Tensor};
+    use rand::{Rng, SeedableRng};
+    const H: usize = 32;
+    let cfg = maporl::model::Config::from_hf_json(&format!(
+        r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":{H},"intermediate_size":64,
+        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":{V},
+        "rms_norm_eps":1e-5,"rope_theta":10000.0,"max_position_embeddings":32,"tie_word_embeddings":false}}"#
+    ))
+    .unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let mut t = |dims: &[usize], scale: f32, offset: f32| {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| offset + rng.random_range(-scale..scale))
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    let mut w = std::collections::HashMap::new();
+    w.insert(
+        "model.embed_tokens.weight".to_string(),
+        t(&[V, H], 1.0, 0.0),
+    );
+    w.insert("lm_head.weight".to_string(), t(&[V, H], 0.35, 0.0));
+    w.insert("model.norm.weight".to_string(), t(&[H], 0.1, 1.0));
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for (name, dims) in [
+            ("self_attn.q_proj.weight", [H, H]),
+            ("self_attn.k_proj.weight", [16, H]),
+            ("self_attn.v_proj.weight", [16, H]),
+            ("self_attn.o_proj.weight", [H, H]),
+            ("mlp.gate_proj.weight", [64, H]),
+            ("mlp.up_proj.weight", [64, H]),
+            ("mlp.down_proj.weight", [H, 64]),
+        ] {
+            w.insert(
+                format!("{p}.{name}"),
+                t(&dims, 1.0 / (dims[1] as f32).sqrt(), 0.0),
+            );
+        }
+        w.insert(format!("{p}.input_layernorm.weight"), t(&[H], 0.1, 1.0));
+        w.insert(
+            format!("{p}.post_attention_layernorm.weight"),
+            t(&[H], 0.1, 1.0),
+        );
+    }
+    maporl::model::Base::new(
+        &cfg,
+        candle_nn::VarBuilder::from_tensors(w, DType::F32, &Device::Cpu),
+    )
+    .unwrap()
+}
