@@ -202,6 +202,19 @@ fn a_stopped_or_killed_run_resumes_exactly_as_if_it_had_not_stopped() {
         final_files.keys()
     );
 
+    // A resume from step 2 that must end where `whole` did.
+    let resumes_as_expected = |run: &Path, args: &[&str]| {
+        let out = run_train(run, &model, &[args, &["--resume"]].concat(), &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("resuming after step 2 of 4"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(without_timings(&metrics(run)), without_timings(&expected));
+        assert_eq!(files(&run.join("checkpoints/final")), final_files);
+    };
+
     // Stopped after two steps (as Ctrl-C would), then resumed.
     let parts = dir.path().join("parts");
     let out = run_train(
@@ -218,18 +231,7 @@ fn a_stopped_or_killed_run_resumes_exactly_as_if_it_had_not_stopped() {
     );
     assert_eq!(metrics(&parts).len(), 2);
     assert!(!parts.join("checkpoints/final").exists());
-    let out = run_train(&parts, &model, &[&four[..], &["--resume"]].concat(), &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("resuming after step 2 of 4"),
-        "{}",
-        text(&out)
-    );
-    assert_eq!(
-        without_timings(&metrics(&parts)),
-        without_timings(&expected)
-    );
-    assert_eq!(files(&parts.join("checkpoints/final")), final_files);
+    resumes_as_expected(&parts, &four[..]);
     // The whole checkpoint, optimizer moments and samplers included, is the same.
     assert_eq!(
         files(&parts.join("checkpoints/step-000004")),
@@ -279,18 +281,7 @@ fn a_stopped_or_killed_run_resumes_exactly_as_if_it_had_not_stopped() {
         3,
         "step 3 finished before its checkpoint"
     );
-    let out = run_train(&killed, &model, &[&every[..], &["--resume"]].concat(), &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("resuming after step 2 of 4"),
-        "{}",
-        text(&out)
-    );
-    assert_eq!(
-        without_timings(&metrics(&killed)),
-        without_timings(&expected)
-    );
-    assert_eq!(files(&killed.join("checkpoints/final")), final_files);
+    resumes_as_expected(&killed, &every[..]);
     let left: Vec<String> = std::fs::read_dir(&checkpoints)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
