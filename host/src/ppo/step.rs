@@ -2,6 +2,8 @@
 //! responses): score with the old policy and the reference, shape token rewards, GAE,
 //! whiten, then epochs × minibatches of clipped policy and value losses with AdamW.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{bail, Context};
 use candle_core::Tensor;
 use rand::seq::SliceRandom;
@@ -116,6 +118,19 @@ pub struct StepStats {
     /// Global gradient norm before clipping, averaged over minibatches.
     pub grad_norm: f32,
     pub tokens: usize,
+    /// Wall time of scoring the batch before the update, without gradients: the policy's
+    /// log-probs and values, and the reference's log-probs. Like the other timings, it is
+    /// not serialized here (these statistics must match between a run and its resume); the
+    /// training metrics line carries the sums over agents.
+    #[serde(skip)]
+    pub score_seconds: f64,
+    /// Wall time of the epochs × minibatches: forward passes with gradients and losses,
+    /// backward passes and AdamW steps.
+    #[serde(skip)]
+    pub optimize_seconds: f64,
+    /// The part of `optimize_seconds` spent in backward passes and AdamW steps.
+    #[serde(skip)]
+    pub backward_seconds: f64,
 }
 
 /// An agent's optimizer: AdamW over its trainable parameters (adapter and value head, or
@@ -209,6 +224,32 @@ pub fn learning_rate(
     base * (1.0 - progress * (1.0 - final_fraction))
 }
 
+/// Appends one JSON line describing an update's work to `path`: each sample's prompt and
+/// response lengths, the micro-batches of each optimizer step, and the phases' wall times
+/// (scripts/bench_iteration_torch.py replays the shapes; it scores the whole batch at once).
+fn record_batches(
+    path: &std::ffi::OsStr,
+    samples: &[Sample],
+    optimizer_steps: &[Vec<Vec<usize>>],
+    stats: &StepStats,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let line = serde_json::json!({
+        "prompt_lens": samples.iter().map(|s| s.prompt.len()).collect::<Vec<_>>(),
+        "response_lens": samples.iter().map(|s| s.response.len()).collect::<Vec<_>>(),
+        "optimizer_steps": optimizer_steps,
+        "score_seconds": stats.score_seconds,
+        "optimize_seconds": stats.optimize_seconds,
+        "backward_seconds": stats.backward_seconds,
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(f, "{line}")?;
+    Ok(())
+}
+
 /// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
 pub fn ppo_step(
     agent: &Agent,
@@ -232,12 +273,14 @@ pub fn ppo_step(
         .collect();
 
     // The old policy and the reference, without gradients.
+    let scoring = Instant::now();
     let old = score(agent, &pairs, true, cfg.chunk).context("scoring with the current policy")?;
     let reference =
         score(reference, &pairs, true, cfg.chunk).context("scoring with the reference")?;
     let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
     let old_values = rows(old.values.as_ref().expect("checked above"))?;
     let mask = rows(&old.mask)?;
+    let score_seconds = scoring.elapsed().as_secs_f64();
 
     let kl: Vec<Vec<f32>> = old_lp
         .iter()
@@ -271,9 +314,15 @@ pub fn ppo_step(
         kl: kl_per_response,
         kl_coef,
         tokens: samples.iter().map(|s| s.response.len()).sum(),
+        score_seconds,
         ..StepStats::default()
     };
     let mut n = 0.0f32;
+    let optimizing = Instant::now();
+    let mut backward = Duration::ZERO;
+    // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
+    let shapes_to = std::env::var_os("MAPORL_BENCH_PPO_BATCHES");
+    let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
     for _ in 0..cfg.epochs {
         order.shuffle(&mut rng);
         for mb in order.chunks(samples.len().div_ceil(minibatches)) {
@@ -281,6 +330,9 @@ pub fn ppo_step(
             // share of the minibatch's tokens, so the summed gradient is the minibatch's.
             let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
             let micro = mb.len().div_ceil(cfg.grad_accum.clamp(1, mb.len()));
+            if shapes_to.is_some() {
+                optimizer_steps.push(mb.chunks(micro).map(<[usize]>::to_vec).collect());
+            }
             for part in mb.chunks(micro) {
                 let share = part
                     .iter()
@@ -313,7 +365,9 @@ pub fn ppo_step(
                 let entropy = ((&new.entropy * &m)?.sum_all()?
                     / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
                 let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
+                let started = Instant::now();
                 optimizer.adamw.accumulate(&(loss * share)?.backward()?)?;
+                backward += started.elapsed();
                 let share = share as f32;
                 stats.policy_loss += share * pg.to_scalar::<f32>()?;
                 stats.value_loss += share * vf.to_scalar::<f32>()?;
@@ -321,9 +375,17 @@ pub fn ppo_step(
                 stats.approx_kl += share * loss_stats.approx_kl;
                 stats.clip_fraction += share * loss_stats.clip_fraction;
             }
+            let started = Instant::now();
             stats.grad_norm += optimizer.adamw.step(cfg.max_grad_norm)? as f32;
+            backward += started.elapsed();
             n += 1.0;
         }
+    }
+    stats.optimize_seconds = optimizing.elapsed().as_secs_f64();
+    stats.backward_seconds = backward.as_secs_f64();
+    if let Some(path) = shapes_to {
+        record_batches(&path, samples, &optimizer_steps, &stats)
+            .context("writing MAPORL_BENCH_PPO_BATCHES")?;
     }
     for x in [
         &mut stats.policy_loss,

@@ -57,7 +57,16 @@ struct Metrics {
     /// PPO statistics per learning agent.
     agents: BTreeMap<u32, StepStats>,
     rollout_seconds: f64,
+    /// The parts of `rollout_seconds` spent generating and inside plugin calls.
+    generation_seconds: f64,
+    plugin_seconds: f64,
     update_seconds: f64,
+    /// The parts of `update_seconds`, summed over agents: scoring with the policy (old
+    /// log-probs, values) and the reference; then the epochs × minibatches, of which
+    /// `backward_seconds` went to backward passes and AdamW.
+    score_seconds: f64,
+    optimize_seconds: f64,
+    backward_seconds: f64,
     generated_tokens_per_second: f64,
     /// Response tokens of the update per second of update.
     update_tokens_per_second: f64,
@@ -380,6 +389,12 @@ impl Trainer {
             .sum();
         self.cursor += batch;
         self.step += 1;
+        let phase = |f: fn(&StepStats) -> f64| -> f64 { agents.values().map(f).sum() };
+        let (score_seconds, optimize_seconds, backward_seconds) = (
+            phase(|s| s.score_seconds),
+            phase(|s| s.optimize_seconds),
+            phase(|s| s.backward_seconds),
+        );
         Ok(Metrics {
             step,
             learning_rate: lr,
@@ -389,7 +404,12 @@ impl Trainer {
             trained_turns: turns,
             agents,
             rollout_seconds,
+            generation_seconds: rollout.team_time.as_secs_f64(),
+            plugin_seconds: rollout.plugin_time.as_secs_f64(),
             update_seconds,
+            score_seconds,
+            optimize_seconds,
+            backward_seconds,
             generated_tokens_per_second: tokens as f64 / rollout.team_time.as_secs_f64().max(1e-9),
             update_tokens_per_second: update_tokens as f64 / update_seconds.max(1e-9),
         })
@@ -642,7 +662,8 @@ fn new_learner(
     })
 }
 
-/// Statistics of several updates, weighted by their sample counts (tokens summed).
+/// Statistics of several updates, weighted by their sample counts (tokens and timings
+/// summed).
 fn weighted_mean(parts: &[(usize, StepStats)]) -> StepStats {
     let n: usize = parts.iter().map(|(n, _)| n).sum();
     let mut out = StepStats::default();
@@ -658,6 +679,9 @@ fn weighted_mean(parts: &[(usize, StepStats)]) -> StepStats {
         out.entropy += w * s.entropy;
         out.grad_norm += w * s.grad_norm;
         out.tokens += s.tokens;
+        out.score_seconds += s.score_seconds;
+        out.optimize_seconds += s.optimize_seconds;
+        out.backward_seconds += s.backward_seconds;
     }
     out
 }

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One MAPoRL iteration (issue 5): `maporl train` for one step on SmolLM2-135M with the CPU
+# quickstart (two agents, three turns, 8 arithmetic questions, up to 96 new tokens, LoRA r 8,
+# PPO 4 epochs x 8 minibatches). Prints where the time went, from metrics.jsonl:
+# generation, plugins, scoring (policy log-probs and values, reference log-probs), optimization
+# (forward with gradients, backward, AdamW), with generated and update tokens/s, and the peak
+# RSS of the process (GNU time). Then, unless TORCH=0, it replays the same PPO update shapes
+# TRL-style in PyTorch (scripts/bench_iteration_torch.py, same weights, same threads) and
+# prints the ratio. The PyTorch venv is the one scripts/bench-vs-torch.sh makes, plus peft.
+#
+#   scripts/bench-iteration.sh              # THREADS=2 TORCH=1
+#   TORCH=0 scripts/bench-iteration.sh      # candle only
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+THREADS="${THREADS:-2}"
+TORCH="${TORCH:-1}"
+VENV="${BENCH_VENV:-$HOME/.cache/maporl/bench-venv}"
+OUT="${BENCH_OUT:-$(mktemp -d /tmp/maporl-bench-iteration.XXXXXX)}"
+mkdir -p "$OUT"
+command -v /usr/bin/time >/dev/null || { echo "needs GNU time: apt-get install -y time" >&2; exit 1; }
+
+GGUF="$(bash scripts/fetch-smollm2.sh)"
+cargo build --release -q -p maporl
+cargo build --release -q --target wasm32-wasip2 --manifest-path plugins/Cargo.toml --target-dir plugins/target
+cp target/release/maporl "$OUT/maporl"  # immune to rebuilds during the run
+if [ "$TORCH" = 1 ] && ! "$VENV/bin/python" -c 'import torch, transformers, gguf, peft' 2>/dev/null; then
+    echo "installing torch, transformers, gguf, peft into $VENV (several minutes, a few GB)" >&2
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet torch transformers gguf numpy peft
+fi
+
+echo "machine: $(nproc --all) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/{print $2}') GiB, threads $THREADS, $(date -u +%F)"
+rm -rf "$OUT/run" "$OUT/batches.jsonl"
+RAYON_NUM_THREADS="$THREADS" MAPORL_PLUGINS="$ROOT/plugins/target/wasm32-wasip2/release" \
+    MAPORL_BENCH_PPO_BATCHES="$OUT/batches.jsonl" \
+    /usr/bin/time -v -o "$OUT/time.txt" "$OUT/maporl" train --config configs/quickstart-arith.toml \
+    --set run_dir="$OUT/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
+    --set debate.turns=3 --set generation.max_new_tokens=96
+RSS_KB="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$OUT/time.txt")"
+
+TORCH_JSON=""
+if [ "$TORCH" = 1 ]; then
+    OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$VENV/bin/python" \
+        scripts/bench_iteration_torch.py --gguf "$GGUF" --batches "$OUT/batches.jsonl" \
+        --threads "$THREADS" > "$OUT/torch.json"
+    TORCH_JSON="$OUT/torch.json"
+fi
+
+python3 - "$OUT/run/metrics.jsonl" "$OUT/batches.jsonl" "$RSS_KB" "$TORCH_JSON" <<'PY'
+import json, sys
+m = json.loads(open(sys.argv[1]).readline())
+batches = [json.loads(l) for l in open(sys.argv[2])]
+rss = int(sys.argv[3]) / 1024
+total = m["rollout_seconds"] + m["update_seconds"]
+gen_tokens = m["generated_tokens_per_second"] * m["generation_seconds"]
+upd_tokens = sum(s["tokens"] for s in m["agents"].values())
+rows = [
+    ("generation", m["generation_seconds"]),
+    ("plugins", m["plugin_seconds"]),
+    ("rest of the rollout", m["rollout_seconds"] - m["generation_seconds"] - m["plugin_seconds"]),
+    ("scoring (policy log-probs + values, reference)", m["score_seconds"]),
+    ("optimization: forward with gradients", m["optimize_seconds"] - m["backward_seconds"]),
+    ("optimization: backward + AdamW", m["backward_seconds"]),
+    ("rest of the update", m["update_seconds"] - m["score_seconds"] - m["optimize_seconds"]),
+]
+print(f"\none iteration: {total:.1f} s (rollout {m['rollout_seconds']:.1f} s, update {m['update_seconds']:.1f} s)")
+print("| phase | seconds | share |\n|---|---|---|")
+for name, s in rows:
+    print(f"| {name} | {s:.3f} | {100 * s / total:.2f}% |")
+samples = sum(len(b["response_lens"]) for b in batches)
+steps = sum(len(b["optimizer_steps"]) for b in batches)
+print(f"\ngenerated tokens: {gen_tokens:.0f}, {m['generated_tokens_per_second']:.1f} tokens/s of generation")
+print(f"update: {len(batches)} agents, {samples} samples, {upd_tokens} response tokens, {steps} optimizer steps; "
+      f"{m['update_tokens_per_second']:.1f} response tokens/s of update, "
+      f"{upd_tokens / m['optimize_seconds']:.1f} of optimization")
+print(f"peak RSS (GNU time, whole process): {rss:.0f} MiB")
+if sys.argv[4]:
+    t = json.loads(open(sys.argv[4]).read())
+    c_upd = m["score_seconds"] + m["optimize_seconds"]
+    t_upd = t["score_seconds"] + t["optimize_seconds"]
+    print(f"\nsame PPO update shapes, PyTorch {t['torch']} (TRL-style, peft LoRA), {t['threads']} threads:")
+    print("| | candle | PyTorch | candle/PyTorch time |\n|---|---|---|---|")
+    for name, c, p in [
+        ("scoring", m["score_seconds"], t["score_seconds"]),
+        ("optimization", m["optimize_seconds"], t["optimize_seconds"]),
+        ("  forward with gradients", m["optimize_seconds"] - m["backward_seconds"], t["optimize_seconds"] - t["backward_seconds"]),
+        ("  backward + optimizer", m["backward_seconds"], t["backward_seconds"]),
+        ("update (scoring + optimization)", c_upd, t_upd),
+    ]:
+        print(f"| {name} | {c:.1f} s | {p:.1f} s | {c / p:.2f}x |")
+    print(f"| update tokens/s | {upd_tokens / c_upd:.1f} | {t['response_tokens'] / t_upd:.1f} | |")
+    print(f"| peak RSS | {rss:.0f} MiB (whole iteration) | {t['peak_rss_mib']} MiB (after load: {t['peak_rss_after_load_mib']}) | |")
+PY
+echo "raw: $OUT"
