@@ -16,3 +16,4 @@ pub mod plugin;
 pub mod ppo;
 pub mod toy;
 pub mod transcript;
+pub mod verifier;

@@ -575,6 +575,7 @@ fn lock_of(config: &Config) -> PluginLock {
         protocol: bundle::LockedPlugin::new(&p, &protocol.identity().sha256).unwrap(),
         verifier: bundle::LockedPlugin::new(&v, &verifier.identity().sha256).unwrap(),
         shaper: bundle::LockedPlugin::new(&s, &shaper.identity().sha256).unwrap(),
+        verifier_checkpoint: None,
     }
 }
 

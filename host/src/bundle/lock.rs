@@ -19,6 +19,18 @@ pub struct PluginLock {
     pub protocol: LockedPlugin,
     pub verifier: LockedPlugin,
     pub shaper: LockedPlugin,
+    /// The learned verifier served through `judge`, when the run has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_checkpoint: Option<LockedCheckpoint>,
+}
+
+/// A learned verifier's checkpoint, pinned by `verifier::checkpoint_sha256`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedCheckpoint {
+    /// The checkpoint directory, as loaded.
+    pub path: String,
+    pub sha256: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -149,6 +161,19 @@ pub fn check_lock(
             ));
         }
     }
+    if locked.verifier_checkpoint.as_ref().map(|c| &c.sha256)
+        != current.verifier_checkpoint.as_ref().map(|c| &c.sha256)
+    {
+        let describe = |c: &Option<LockedCheckpoint>| match c {
+            Some(c) => format!("{} (sha256 {})", c.path, c.sha256),
+            None => "none".to_string(),
+        };
+        changes.push(format!(
+            "learned verifier: the run started with {}, now {}",
+            describe(&locked.verifier_checkpoint),
+            describe(&current.verifier_checkpoint)
+        ));
+    }
     if !changes.is_empty() && !allow_change {
         bail!(
             "cannot resume {}: its plugins changed since it started ({}):\n  {}\n\
@@ -190,6 +215,7 @@ mod tests {
                 file: None,
             },
             shaper: locked("cc"),
+            verifier_checkpoint: None,
         }
     }
 

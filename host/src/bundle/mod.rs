@@ -21,7 +21,7 @@ mod verify;
 
 use std::path::PathBuf;
 
-pub use lock::{check_lock, LockedPlugin, PluginLock, LOCK_FILE};
+pub use lock::{check_lock, LockedCheckpoint, LockedPlugin, PluginLock, LOCK_FILE};
 pub use manifest::{
     check_name, pack, parse_wit, sha256_hex, BundleInfo, ComponentEntry, Manifest, NewBundle,
     MANIFEST,

@@ -6,6 +6,7 @@ mod plugin;
 mod run;
 mod toy;
 mod train;
+mod verifier;
 
 use std::path::PathBuf;
 
@@ -40,6 +41,9 @@ enum Command {
     Train(train::TrainArgs),
     /// One debate on a question of yours, shown turn by turn.
     Debate(run::DebateArgs),
+    /// The learned verifier: sample and label answers (`generate`), train one (`train`).
+    #[command(subcommand)]
+    Verifier(verifier::VerifierCommand),
     /// Datasets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -71,6 +75,7 @@ pub fn main() -> i32 {
         Command::Eval(args) => run::eval(args),
         Command::Debate(args) => run::debate(args),
         Command::Train(args) => train::train(args),
+        Command::Verifier(cmd) => verifier::run(cmd),
         Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
         Command::Demo(args) => demo::run(args),
         Command::Toy(args) => toy::run(args),

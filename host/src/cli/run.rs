@@ -1,6 +1,7 @@
 //! `maporl eval` and `maporl debate`: debates between LLM agents, as a run config describes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -50,8 +51,11 @@ pub(crate) struct Setup {
 
 impl Setup {
     pub fn new(config: Config) -> anyhow::Result<Setup> {
+        // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
+        let judge = crate::verifier::LearnedVerifier::from_config(&config)?.map(Arc::new);
         let runtime = Runtime::new(RuntimeOptions {
             seed: config.seed,
+            judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),
             ..RuntimeOptions::default()
         })?;
         let p = &config.plugins;
@@ -77,6 +81,10 @@ impl Setup {
             protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
             verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
             shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
+            verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
+                path: j.checkpoint().display().to_string(),
+                sha256: j.sha256().to_string(),
+            }),
         };
         let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
             .map(|a| expand_home(config.agent_model(a)))
@@ -235,9 +243,13 @@ pub fn evaluate(config: Config) -> anyhow::Result<()> {
     let hashes = PluginHashes::of(&setup.plugins);
     debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
     let report = crate::eval::evaluate(&debates);
+    let mut json = serde_json::to_value(&report)?;
+    if let (Some(sha), Some(obj)) = (&hashes.verifier_checkpoint, json.as_object_mut()) {
+        obj.insert("verifier_checkpoint_sha256".into(), sha.clone().into());
+    }
     write_atomic(
         &run_dir.join("eval.json"),
-        serde_json::to_string_pretty(&report)?.as_bytes(),
+        serde_json::to_string_pretty(&json)?.as_bytes(),
     )?;
     println!("{}", report.table());
     let utterances: usize = debates.iter().map(|d| d.speeches.len()).sum();

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::data::FieldMap;
 use crate::plugin::Limits;
 
+mod verifier;
+pub use verifier::{VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
+
 /// A whole run: data, team, debate, plugins.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -25,6 +28,8 @@ pub struct Config {
     pub generation: GenerationConfig,
     pub plugins: PluginsConfig,
     pub train: TrainConfig,
+    /// The learned verifier served through `judge`, and how to make one.
+    pub verifier: VerifierConfig,
 }
 
 /// `maporl train`: who learns, for how long, with what adapter and PPO settings.
@@ -450,6 +455,7 @@ impl Config {
         if t.ppo.grad_accum == 0 || t.ppo.epochs == 0 || t.ppo.minibatches == 0 {
             bail!("train.ppo.epochs, minibatches and grad_accum must be at least 1");
         }
+        self.verifier.validate()?;
         Ok(())
     }
 

@@ -178,6 +178,21 @@ pub fn run(
             responses.len(),
             requests.len()
         );
+        // The learned verifier, if any, scores the whole turn in batches now; the verifier
+        // plugin's per-task `judge` calls then find their answers cached.
+        if let Some(judge) = plugins.verifier.judge().cloned() {
+            let questions = plans
+                .iter()
+                .flat_map(|(i, plan)| plan.iter().map(|_| debates[*i].task.question.as_str()));
+            let pairs: Vec<(&str, &str)> = questions
+                .zip(responses.iter().map(|r| r.text.as_str()))
+                .collect();
+            let started = Instant::now();
+            judge
+                .prefetch(&pairs)
+                .map_err(|e| anyhow::anyhow!("turn {turn}: {e}"))?;
+            plugin_time += started.elapsed();
+        }
         let mut responses = responses.into_iter();
         for (i, plan) in &plans {
             let said: Vec<Response> = responses.by_ref().take(plan.len()).collect();

@@ -13,6 +13,10 @@ pub struct PluginHashes {
     pub protocol: String,
     pub verifier: String,
     pub shaper: String,
+    /// The learned verifier's checkpoint (see `verifier::checkpoint_sha256`), when the run
+    /// served one through `judge`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_checkpoint: Option<String>,
 }
 
 impl PluginHashes {
@@ -21,6 +25,10 @@ impl PluginHashes {
             protocol: plugins.protocol.identity().sha256.clone(),
             verifier: plugins.verifier.identity().sha256.clone(),
             shaper: plugins.shaper.identity().sha256.clone(),
+            verifier_checkpoint: plugins
+                .verifier
+                .judge()
+                .and_then(|j| j.checkpoint_sha256()),
         }
     }
 }

@@ -90,6 +90,11 @@ impl<B: WorldBindings> Handle<B> {
         Ok(handle)
     }
 
+    /// The learned verifier the plugin's `judge` calls reach, if the run has one.
+    pub fn judge(&self) -> Option<&std::sync::Arc<dyn super::Judge>> {
+        self.judge.as_ref()
+    }
+
     /// Fuel used by the last call.
     pub fn fuel_used(&self) -> u64 {
         self.fuel_used

@@ -49,6 +49,17 @@ impl Limits {
 pub trait Judge: Send + Sync {
     /// One probability in [0, 1] per response, in order.
     fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String>;
+
+    /// Scores every (question, response) of a step at once, before the verifier plugin asks
+    /// for them task by task: the batching path. The default does nothing.
+    fn prefetch(&self, _pairs: &[(&str, &str)]) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The identity (sha256) of the model that judges, recorded by every run it scores.
+    fn checkpoint_sha256(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Severity of a plugin's log line.
@@ -208,7 +219,10 @@ impl host::Host for Sandbox {
 
     fn judge(&mut self, question: String, responses: Vec<String>) -> Result<Vec<f32>, String> {
         match &self.judge {
-            None => Err("no verifier model configured".to_string()),
+            None => Err("no verifier model configured: this run has no learned verifier; \
+                 train one with `maporl verifier train` and name it in the run config's \
+                 [verifier] section (checkpoint = \"RUN/checkpoints/final\")"
+                .to_string()),
             Some(judge) => judge.judge(&question, &responses),
         }
     }

@@ -53,6 +53,11 @@ impl Verifier {
         &self.handle.identity
     }
 
+    /// The learned verifier this plugin's `judge` calls reach, if the run has one.
+    pub fn judge(&self) -> Option<&std::sync::Arc<dyn super::Judge>> {
+        self.handle.judge()
+    }
+
     /// Fuel used by the last call.
     pub fn fuel_used(&self) -> u64 {
         self.handle.fuel_used()

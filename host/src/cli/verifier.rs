@@ -1,0 +1,148 @@
+//! `maporl verifier generate` and `maporl verifier train`: the learned verifier's data and
+//! training (PAPER.md §2). Serving is the run config's `[verifier]` section.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context;
+use candle_core::DType;
+use clap::{Args, Subcommand};
+
+use super::run::{progress_bar, tasks, ConfigArgs, Setup};
+use crate::config::{expand_home, Config};
+use crate::verifier::data::{balance, sample_answers, write_jsonl};
+use crate::verifier::train::{train, TrainOptions};
+
+#[derive(Subcommand)]
+pub enum VerifierCommand {
+    /// Samples answers to the config's questions from agent 0's model (the protocol's
+    /// turn-1 prompt, the config's sampling), labels each right or wrong with the config's
+    /// verifier plugin, keeps k right + k wrong per question (questions that cannot be
+    /// balanced are dropped), and writes JSONL.
+    Generate(GenerateArgs),
+    /// Trains a verifier (LoRA + linear head + sigmoid, BCE) on labelled answers; reports
+    /// validation AUC and ECE per epoch; checkpoints as `maporl train` does, the result in
+    /// RUN/checkpoints/final (name it in a run config's [verifier] checkpoint).
+    Train(TrainArgs),
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Where to write the labelled answers (JSONL).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Labelled answers (`maporl verifier generate`'s JSONL).
+    #[arg(long)]
+    data: PathBuf,
+    /// The run directory (default: the config's run_dir).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from the run's latest checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Checkpoint and stop after this many optimizer steps.
+    #[arg(long)]
+    stop_after: Option<usize>,
+}
+
+pub fn run(cmd: VerifierCommand) -> anyhow::Result<()> {
+    match cmd {
+        VerifierCommand::Generate(args) => generate(args),
+        VerifierCommand::Train(args) => train_cmd(args),
+    }
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config.config, &args.config.overrides)?;
+    let tasks = tasks(&config)?;
+    let g = config.verifier.generate.clone();
+    let mut setup = Setup::new(config)?;
+    let (agents, turns) = (setup.config.debate.agents, setup.config.debate.turns);
+    let batch = setup.config.debate.batch_size.max(1);
+    let bar = progress_bar(tasks.len() as u64, "sampling answers");
+    let mut all = Vec::new();
+    for chunk in tasks.chunks(batch) {
+        all.extend(sample_answers(
+            &mut setup.plugins.protocol,
+            &mut setup.plugins.verifier,
+            &mut setup.team,
+            chunk,
+            g.samples_per_question,
+            agents,
+            turns,
+        )?);
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let right = all.iter().filter(|s| s.correct).count();
+    let sampled = all.len();
+    let (kept, stats) = balance(all, g.per_class, setup.config.seed);
+    write_jsonl(&args.out, &kept)?;
+    println!(
+        "{sampled} answers to {} questions ({right} right, {:.1}%); kept {} questions x ({} \
+         right + {} wrong) = {} answers, dropped {} that could not be balanced; wrote {}",
+        tasks.len(),
+        100.0 * right as f64 / sampled.max(1) as f64,
+        stats.kept_questions,
+        g.per_class,
+        g.per_class,
+        kept.len(),
+        stats.dropped_questions,
+        args.out.display()
+    );
+    if kept.is_empty() {
+        anyhow::bail!(
+            "no question had {k} right and {k} wrong answers among {} samples: raise \
+             verifier.generate.samples_per_question, lower verifier.generate.per_class, or \
+             use a stronger model or easier questions",
+            g.samples_per_question,
+            k = g.per_class
+        );
+    }
+    Ok(())
+}
+
+fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config.config, &args.config.overrides)?;
+    let v = &config.verifier;
+    let model_name = if v.model.is_empty() {
+        config.model.path.clone()
+    } else {
+        v.model.clone()
+    };
+    let run_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&config.run_dir));
+    let opts = TrainOptions {
+        model: expand_home(&model_name),
+        model_name,
+        data: args.data.clone(),
+        run_dir: run_dir.clone(),
+        train: v.train.clone(),
+        max_response_tokens: v.max_response_tokens,
+        seed: config.seed,
+        dtype: match config.model.dtype.as_str() {
+            "bf16" => DType::BF16,
+            "f16" => DType::F16,
+            _ => DType::F32,
+        },
+        resume: args.resume,
+        stop_after: args.stop_after,
+        verbose: true,
+    };
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+    crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    let stop = AtomicBool::new(false);
+    train(&opts, &stop)?;
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! `[verifier]`: the learned verifier (PAPER.md §2) a run serves to plugins through the host
+//! function `judge`, and how `maporl verifier generate` / `maporl verifier train` make one.
+
+use anyhow::bail;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifierConfig {
+    /// The verifier's base model (HF folder or GGUF); empty: `model.path`.
+    pub model: String,
+    /// A trained verifier (`maporl verifier train`'s `RUN/checkpoints/final`, or any
+    /// `step-N`); empty: the run has no learned verifier, and `judge` fails.
+    pub checkpoint: String,
+    /// Responses scored per forward pass.
+    pub batch_size: usize,
+    /// The most response tokens the verifier reads; longer responses keep their end (where
+    /// the answer is).
+    pub max_response_tokens: usize,
+    /// `maporl verifier generate`.
+    pub generate: VerifierGenerateConfig,
+    /// `maporl verifier train`.
+    pub train: VerifierTrainConfig,
+}
+
+impl Default for VerifierConfig {
+    fn default() -> Self {
+        VerifierConfig {
+            model: String::new(),
+            checkpoint: String::new(),
+            batch_size: 16,
+            max_response_tokens: 512,
+            generate: VerifierGenerateConfig::default(),
+            train: VerifierTrainConfig::default(),
+        }
+    }
+}
+
+/// Sampling the labelled answers a verifier learns from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifierGenerateConfig {
+    /// Answers sampled per question (turn-1 prompt of the protocol, agent 0's model).
+    pub samples_per_question: usize,
+    /// Kept per question and class: k right + k wrong (PAPER.md §2: 10 + 10); questions
+    /// with fewer than k of either are dropped.
+    pub per_class: usize,
+}
+
+impl Default for VerifierGenerateConfig {
+    fn default() -> Self {
+        VerifierGenerateConfig {
+            samples_per_question: 32,
+            per_class: 10,
+        }
+    }
+}
+
+/// Training the verifier: LoRA + a linear head with a sigmoid, BCE.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifierTrainConfig {
+    /// "all-tokens" (BCE on every response token, as the paper's code) or "last-token".
+    pub loss: String,
+    pub epochs: usize,
+    /// Answers per optimizer step.
+    pub batch_size: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    pub lora_targets: Vec<String>,
+    /// Fraction of the questions held out for validation (AUC, ECE); split by question.
+    pub val_fraction: f64,
+    /// A checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
+    /// How many of the newest checkpoints are kept (0: all).
+    pub keep_checkpoints: usize,
+}
+
+impl Default for VerifierTrainConfig {
+    fn default() -> Self {
+        // PAPER.md §2: LoRA r16 and a linear head on the hidden state.
+        VerifierTrainConfig {
+            loss: "all-tokens".into(),
+            epochs: 2,
+            batch_size: 8,
+            lr: 1e-4,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
+            val_fraction: 0.1,
+            checkpoint_every: 100,
+            keep_checkpoints: 3,
+        }
+    }
+}
+
+impl VerifierConfig {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        let t = &self.train;
+        if !["all-tokens", "last-token"].contains(&t.loss.as_str()) {
+            bail!(
+                "verifier.train.loss = {:?}: expected \"all-tokens\" or \"last-token\"",
+                t.loss
+            );
+        }
+        if !(0.0..1.0).contains(&t.val_fraction) {
+            bail!(
+                "verifier.train.val_fraction = {}: expected a fraction in [0, 1)",
+                t.val_fraction
+            );
+        }
+        if self.batch_size == 0 || t.batch_size == 0 || self.max_response_tokens == 0 {
+            bail!(
+                "verifier.batch_size, verifier.max_response_tokens and verifier.train.batch_size \
+                 must be at least 1"
+            );
+        }
+        if self.generate.per_class == 0
+            || self.generate.samples_per_question < 2 * self.generate.per_class
+        {
+            bail!(
+                "verifier.generate: per_class must be at least 1 and samples_per_question at \
+                 least 2 x per_class (got {} and {})",
+                self.generate.per_class,
+                self.generate.samples_per_question
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,421 @@
+//! The learned verifier (PAPER.md §2): an LM with a LoRA adapter and a linear head whose
+//! sigmoid, on the hidden state of a response's last token, is the probability that the
+//! response answers the question correctly. It sees only the question and one response.
+//!
+//! - [`data`]: labelled answers (`maporl verifier generate`), balanced per question;
+//! - [`train`]: BCE training with validation AUC and calibration (`maporl verifier train`);
+//! - [`LearnedVerifier`]: serving, as the host's [`Judge`] behind the WIT function `judge`.
+//!
+//! The judge prompt is the same at training and serving ([`Prompter`]): the question as the
+//! one user message, rendered with the model's chat template and its generation prompt, then
+//! the response's tokens.
+//!
+//! A checkpoint directory holds `adapter_model.safetensors` + `adapter_config.json` (PEFT
+//! layout), `head.safetensors` (`v_head.summary.{weight,bias}`) and `verifier.json`; its
+//! identity is [`checkpoint_sha256`], recorded by every run it scores.
+
+pub mod data;
+pub mod metrics;
+pub mod train;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context};
+use candle_core::{DType, Device, IndexOp, Tensor};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::{expand_home, Config};
+use crate::model::{Agent, ChatMessage, ChatTemplate, Lora, ValueHead};
+use crate::plugin::Judge;
+
+/// The head's weights inside a checkpoint.
+pub const HEAD_FILE: &str = "head.safetensors";
+/// What the checkpoint is (base model, loss, validation metrics).
+pub const META_FILE: &str = "verifier.json";
+/// The files whose bytes make a checkpoint's identity, in hashing order.
+pub const IDENTITY_FILES: [&str; 3] = [
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    HEAD_FILE,
+];
+
+/// `verifier.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Meta {
+    /// The base model it was trained on, as the config named it.
+    pub base_model: String,
+    pub hidden_size: usize,
+    /// "all-tokens" or "last-token".
+    pub loss: String,
+    pub max_response_tokens: usize,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    /// The validation metrics at this checkpoint, when there was a validation set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<metrics::Validation>,
+}
+
+/// sha256 over the checkpoint's weights and adapter config: for each of
+/// [`IDENTITY_FILES`], its name, its length (u64 LE) and its bytes. Hex.
+pub fn checkpoint_sha256(dir: &Path) -> anyhow::Result<String> {
+    let mut h = Sha256::new();
+    for name in IDENTITY_FILES {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).with_context(|| {
+            format!(
+                "verifier checkpoint {}: missing file {}",
+                dir.display(),
+                path.display()
+            )
+        })?;
+        h.update(name.as_bytes());
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Turns (question, response) into the verifier's (prompt ids, response ids).
+pub struct Prompter {
+    tokenizer: tokenizers::Tokenizer,
+    template: ChatTemplate,
+    max_response_tokens: usize,
+}
+
+impl Prompter {
+    pub fn new(
+        tokenizer: tokenizers::Tokenizer,
+        template: ChatTemplate,
+        max_response_tokens: usize,
+    ) -> Prompter {
+        Prompter {
+            tokenizer,
+            template,
+            max_response_tokens: max_response_tokens.max(1),
+        }
+    }
+
+    /// The question as the only user message with the generation prompt, then the response
+    /// (at most `max_response_tokens`, its end kept). An empty response is one space.
+    pub fn ids(&self, question: &str, response: &str) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        let text = self
+            .template
+            .render(&[ChatMessage::new("user", question)], true)?;
+        let encode = |s: &str| -> anyhow::Result<Vec<u32>> {
+            Ok(self
+                .tokenizer
+                .encode(s, false)
+                .map_err(|e| anyhow!("tokenizing the verifier's input: {e}"))?
+                .get_ids()
+                .to_vec())
+        };
+        let prompt = encode(&text)?;
+        let mut resp = encode(if response.trim().is_empty() {
+            " "
+        } else {
+            response
+        })?;
+        if resp.len() > self.max_response_tokens {
+            resp.drain(..resp.len() - self.max_response_tokens);
+        }
+        if prompt.is_empty() || resp.is_empty() {
+            bail!("the verifier's prompt or response tokenized to nothing");
+        }
+        Ok((prompt, resp))
+    }
+}
+
+/// The verifier network: a base with a LoRA adapter (an [`Agent`]) and a linear head (the
+/// agent's value head), plus its prompt format.
+pub struct VerifierModel {
+    pub agent: Agent,
+    pub prompter: Prompter,
+}
+
+/// The head's logits on the response positions of a batch.
+pub struct ResponseLogits {
+    /// (batch, R): logit of each response token, right aligned (row b's tokens are its last
+    /// `len_b` columns; the last column is every row's last token).
+    pub logits: Tensor,
+    /// (batch, R): 1.0 on real response tokens.
+    pub mask: Tensor,
+}
+
+impl VerifierModel {
+    /// Loads the base model `path` (with its tokenizer and chat template).
+    pub fn base(
+        path: &Path,
+        dtype: DType,
+        max_response_tokens: usize,
+    ) -> anyhow::Result<(Agent, Prompter)> {
+        let loaded = crate::model::load(path, dtype, &Device::Cpu)
+            .with_context(|| format!("loading the verifier's base model {}", path.display()))?;
+        let tokenizer = loaded
+            .tokenizer
+            .with_context(|| format!("{}: the verifier needs a tokenizer", path.display()))?;
+        let template = loaded
+            .chat_template
+            .with_context(|| format!("{}: the verifier needs a chat template", path.display()))?;
+        Ok((
+            Agent::new(Arc::new(loaded.base)),
+            Prompter::new(tokenizer, template, max_response_tokens),
+        ))
+    }
+
+    /// A trained verifier: base `model` plus the adapter and head in `checkpoint`.
+    pub fn load(
+        model: &Path,
+        checkpoint: &Path,
+        dtype: DType,
+        max_response_tokens: usize,
+    ) -> anyhow::Result<VerifierModel> {
+        if !checkpoint.is_dir() {
+            bail!(
+                "verifier.checkpoint: {} is not a directory (expected a `maporl verifier \
+                 train` checkpoint, e.g. RUN/checkpoints/final)",
+                checkpoint.display()
+            );
+        }
+        let (mut agent, prompter) = Self::base(model, dtype, max_response_tokens)?;
+        let hidden = agent.base.config().hidden_size;
+        let meta = read_meta(checkpoint)?;
+        if meta.hidden_size != hidden {
+            bail!(
+                "verifier checkpoint {} was trained on a model with hidden size {} ({}), but \
+                 verifier.model {} has {hidden}",
+                checkpoint.display(),
+                meta.hidden_size,
+                meta.base_model,
+                model.display()
+            );
+        }
+        agent.lora = Some(
+            Lora::load(checkpoint, &agent.base)
+                .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
+        );
+        agent.value_head = Some(
+            ValueHead::load(&checkpoint.join(HEAD_FILE), hidden, dtype, &Device::Cpu)
+                .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
+        );
+        Ok(VerifierModel { agent, prompter })
+    }
+
+    /// Head logits on the response positions of `pairs` (prompt ids, response ids). Use
+    /// `fused = false` for a differentiable result.
+    pub fn response_logits(
+        &self,
+        pairs: &[(Vec<u32>, Vec<u32>)],
+        fused: bool,
+    ) -> anyhow::Result<ResponseLogits> {
+        let head = self
+            .agent
+            .value_head
+            .as_ref()
+            .context("internal: the verifier has no head")?;
+        let seqs: Vec<Vec<u32>> = pairs
+            .iter()
+            .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
+            .collect();
+        let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
+        let len = ids.dim(1)?;
+        let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(1);
+        let hidden = self.agent.forward(&ids, &pads, None, fused)?;
+        let logits = head.forward(&hidden.narrow(1, len - r_max, r_max)?.contiguous()?)?;
+        let mask: Vec<f32> = pairs
+            .iter()
+            .flat_map(|(_, r)| (0..r_max).map(move |k| f32::from(u8::from(k >= r_max - r.len()))))
+            .collect();
+        let mask = Tensor::from_vec(mask, (pairs.len(), r_max), self.agent.base.device())?;
+        Ok(ResponseLogits { logits, mask })
+    }
+
+    /// P(correct) of each (prompt ids, response ids): the sigmoid of the head on the last
+    /// token, in batches of `batch_size`.
+    pub fn probabilities_of_ids(
+        &self,
+        pairs: &[(Vec<u32>, Vec<u32>)],
+        batch_size: usize,
+    ) -> anyhow::Result<Vec<f32>> {
+        let head = self
+            .agent
+            .value_head
+            .as_ref()
+            .context("internal: the verifier has no head")?;
+        // Similar lengths batch together (less padding); results go back in order.
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&i| pairs[i].0.len() + pairs[i].1.len());
+        let mut out = vec![0f32; pairs.len()];
+        for chunk in order.chunks(batch_size.max(1)) {
+            let seqs: Vec<Vec<u32>> = chunk
+                .iter()
+                .map(|&i| [pairs[i].0.as_slice(), pairs[i].1.as_slice()].concat())
+                .collect();
+            let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
+            let len = ids.dim(1)?;
+            let hidden = self.agent.forward(&ids, &pads, None, true)?;
+            let last = hidden.i((.., len - 1, ..))?.contiguous()?;
+            let p = candle_nn::ops::sigmoid(&head.forward(&last)?)?.to_vec1::<f32>()?;
+            for (&i, p) in chunk.iter().zip(p) {
+                out[i] = p;
+            }
+        }
+        Ok(out)
+    }
+
+    /// P(correct) of each (question, response).
+    pub fn probabilities(
+        &self,
+        pairs: &[(&str, &str)],
+        batch_size: usize,
+    ) -> anyhow::Result<Vec<f32>> {
+        let ids = pairs
+            .iter()
+            .map(|(q, r)| self.prompter.ids(q, r))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.probabilities_of_ids(&ids, batch_size)
+    }
+}
+
+fn left_pad(seqs: &[Vec<u32>], dev: &Device) -> anyhow::Result<(Tensor, Vec<usize>)> {
+    let len = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(seqs.len() * len);
+    let mut pads = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        pads.push(len - s.len());
+        ids.extend(std::iter::repeat_n(0, len - s.len()));
+        ids.extend_from_slice(s);
+    }
+    Ok((Tensor::from_vec(ids, (seqs.len(), len), dev)?, pads))
+}
+
+pub fn read_meta(dir: &Path) -> anyhow::Result<Meta> {
+    let path = dir.join(META_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "verifier checkpoint {}: missing file {}",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a maporl verifier description", path.display()))
+}
+
+/// A trained verifier served to plugins: the host's [`Judge`]. Scores are cached per
+/// (question, response) between [`Judge::prefetch`] calls, so a verifier plugin that calls
+/// `judge` per task after the host prefetched the whole turn costs no extra forward pass.
+pub struct LearnedVerifier {
+    model: Mutex<VerifierModel>,
+    batch_size: usize,
+    checkpoint: PathBuf,
+    sha256: String,
+    cache: Mutex<HashMap<(String, String), f32>>,
+}
+
+impl LearnedVerifier {
+    pub fn load(
+        model: &Path,
+        checkpoint: &Path,
+        dtype: DType,
+        batch_size: usize,
+        max_response_tokens: usize,
+    ) -> anyhow::Result<LearnedVerifier> {
+        let sha256 = checkpoint_sha256(checkpoint)?;
+        let model = VerifierModel::load(model, checkpoint, dtype, max_response_tokens)?;
+        Ok(LearnedVerifier {
+            model: Mutex::new(model),
+            batch_size,
+            checkpoint: checkpoint.to_path_buf(),
+            sha256,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The verifier a run config names (`[verifier] checkpoint`), if any.
+    pub fn from_config(config: &Config) -> anyhow::Result<Option<LearnedVerifier>> {
+        let v = &config.verifier;
+        if v.checkpoint.is_empty() {
+            return Ok(None);
+        }
+        let model = if v.model.is_empty() {
+            &config.model.path
+        } else {
+            &v.model
+        };
+        let dtype = match config.model.dtype.as_str() {
+            "bf16" => DType::BF16,
+            "f16" => DType::F16,
+            _ => DType::F32,
+        };
+        Self::load(
+            &expand_home(model),
+            &expand_home(&v.checkpoint),
+            dtype,
+            v.batch_size,
+            v.max_response_tokens,
+        )
+        .context("in the config's [verifier] section")
+        .map(Some)
+    }
+
+    pub fn checkpoint(&self) -> &Path {
+        &self.checkpoint
+    }
+
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// Scores the pairs not in the cache and adds them to it.
+    fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<()> {
+        let missing: Vec<(&str, &str)> = {
+            let cache = self.cache.lock().unwrap();
+            let mut seen = std::collections::HashSet::new();
+            pairs
+                .iter()
+                .filter(|(q, r)| !cache.contains_key(&(q.to_string(), r.to_string())))
+                .filter(|p| seen.insert(**p))
+                .copied()
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let probs = self
+            .model
+            .lock()
+            .unwrap()
+            .probabilities(&missing, self.batch_size)?;
+        let mut cache = self.cache.lock().unwrap();
+        for ((q, r), p) in missing.into_iter().zip(probs) {
+            cache.insert((q.to_string(), r.to_string()), p);
+        }
+        Ok(())
+    }
+}
+
+impl Judge for LearnedVerifier {
+    fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
+        let pairs: Vec<(&str, &str)> = responses.iter().map(|r| (question, r.as_str())).collect();
+        self.fill(&pairs)
+            .map_err(|e| format!("the learned verifier failed: {e:#}"))?;
+        let cache = self.cache.lock().unwrap();
+        Ok(pairs
+            .iter()
+            .map(|(q, r)| cache[&(q.to_string(), r.to_string())])
+            .collect())
+    }
+
+    fn prefetch(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
+        self.cache.lock().unwrap().clear();
+        self.fill(pairs)
+            .map_err(|e| format!("the learned verifier failed: {e:#}"))
+    }
+
+    fn checkpoint_sha256(&self) -> Option<String> {
+        Some(self.sha256.clone())
+    }
+}
