@@ -109,3 +109,187 @@ fn a_tiny_verifier_learns_to_separate_right_from_wrong_answers() {
         assert_eq!(meta.validation.as_ref(), Some(&v));
     }
 }
+
+/// A judge that answers from a table and records what it was asked.
+struct TableJudge {
+    asked: std::sync::Mutex<Vec<(String, Vec<String>)>>,
+}
+
+impl maporl::plugin::Judge for TableJudge {
+    fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((question.to_string(), responses.to_vec()));
+        // Distinct, exactly representable numbers per response.
+        Ok(responses
+            .iter()
+            .map(|r| (r.len() % 16) as f32 / 16.0 + 1.0 / 64.0)
+            .collect())
+    }
+}
+
+fn learned(
+    runtime: &maporl::plugin::Runtime,
+) -> Result<maporl::plugin::Verifier, maporl::plugin::PluginError> {
+    maporl::plugin::Verifier::load(
+        runtime,
+        &support::plugin("learned"),
+        &serde_json::json!({}),
+        &maporl::plugin::Limits::default(),
+    )
+}
+
+#[test]
+fn judge_calls_from_wasm_return_the_hosts_numbers() {
+    let judge = std::sync::Arc::new(TableJudge {
+        asked: Default::default(),
+    });
+    let (rt, _, _c) = support::runtime_with(0, Some(judge.clone()));
+    let mut v = learned(&rt).unwrap();
+    let task = support::task("t7", "gsm8k", "What is 2 + 2?", "4");
+    let responses: Vec<String> = [
+        "so \\boxed{4}",
+        "I think \\boxed{5}, surely",
+        "no answer here",
+        "\\boxed{4}",
+    ]
+    .map(String::from)
+    .to_vec();
+    let verdicts = v.score(&task, &responses).unwrap();
+    let expect = |r: &str| (r.len() % 16) as f32 / 16.0 + 1.0 / 64.0;
+    let scores: Vec<f32> = verdicts.iter().map(|x| x.score).collect();
+    assert_eq!(
+        scores,
+        vec![
+            expect(&responses[0]),
+            expect(&responses[1]),
+            0.0,
+            expect(&responses[3])
+        ]
+    );
+    let correct: Vec<bool> = verdicts.iter().map(|x| x.correct).collect();
+    assert_eq!(correct, vec![true, false, false, true]);
+    // One call for the task's valid responses (after configure's empty check).
+    let asked = judge.asked.lock().unwrap();
+    let calls: Vec<&(String, Vec<String>)> = asked.iter().filter(|(q, _)| !q.is_empty()).collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].0, "What is 2 + 2?");
+    assert_eq!(
+        calls[0].1,
+        vec![
+            responses[0].clone(),
+            responses[1].clone(),
+            responses[3].clone()
+        ]
+    );
+}
+
+#[test]
+fn a_learned_verifier_plugin_without_a_verifier_model_is_a_clear_error() {
+    // The plugin, loaded by hand into a runtime without a judge.
+    let (rt, _, _c) = support::runtime();
+    let err = learned(&rt).err().expect("no verifier model").to_string();
+    assert!(err.contains("no verifier model configured"), "{err}");
+    assert!(err.contains("[verifier]"), "{err}");
+    assert!(err.contains("learned"), "{err}");
+
+    // A run: stops at start-up, before any generation, saying what to configure.
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["eval", "--config"])
+        .arg(support::repo().join("configs/quickstart-arith.toml"))
+        .args(["--set", "model.path=/nonexistent/model"])
+        .args([
+            "--set",
+            &format!("run_dir={}", dir.path().join("r").display()),
+        ])
+        .args(["--set", "plugins.verifier.path=learned.wasm"])
+        .args(["--set", "plugins.verifier.settings={}"])
+        .env("MAPORL_PLUGINS", support::plugins_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(text.contains("no verifier model configured"), "{text}");
+    assert!(text.contains("maporl verifier train"), "{text}");
+    assert!(
+        !text.contains("/nonexistent/model"),
+        "stopped before the model: {text}"
+    );
+}
+
+/// A trained verifier served through `judge`: the wasm plugin's scores are the model's
+/// probabilities, and a run records the checkpoint's sha256 in its transcripts,
+/// plugins.lock and eval.json.
+#[test]
+fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    write_jsonl(&data, &synthetic(16, 2, 2)).unwrap();
+    let mut opts = options(&model, &data, &dir.path().join("v"));
+    opts.train.epochs = 1;
+    let final_dir = train(&opts, &AtomicBool::new(false))
+        .unwrap()
+        .final_dir
+        .unwrap();
+    let sha = maporl::verifier::checkpoint_sha256(&final_dir).unwrap();
+
+    let served =
+        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, 4, 64).unwrap();
+    let responses: Vec<String> = ["\\boxed{3}", "The answer is \\boxed{4}.", "\\boxed{2}"]
+        .map(String::from)
+        .to_vec();
+    let pairs: Vec<(&str, &str)> = responses
+        .iter()
+        .map(|r| ("What is 1 + 2?", r.as_str()))
+        .collect();
+    let direct = served.probabilities(&pairs).unwrap();
+    let served = std::sync::Arc::new(served);
+    let (rt, _, _c) = support::runtime_with(0, Some(served.clone()));
+    let mut v = learned(&rt).unwrap();
+    let task = support::task("t1", "gsm8k", "What is 1 + 2?", "3");
+    let scores: Vec<f32> = v
+        .score(&task, &responses)
+        .unwrap()
+        .iter()
+        .map(|x| x.score)
+        .collect();
+    assert_eq!(scores, direct);
+    assert!(direct.iter().all(|p| (0.0..=1.0).contains(p)));
+
+    // A run with the verifier configured records which checkpoint scored it.
+    let run = dir.path().join("eval");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["eval", "--config"])
+        .arg(support::repo().join("configs/quickstart-arith.toml"))
+        .args(["--set", &format!("model.path={}", model.display())])
+        .args(["--set", &format!("run_dir={}", run.display())])
+        .args(["--set", "data.count=2", "--set", "debate.turns=1"])
+        .args(["--set", "generation.max_new_tokens=4"])
+        .args(["--set", "plugins.verifier.path=learned.wasm"])
+        .args(["--set", "plugins.verifier.settings={}"])
+        .args([
+            "--set",
+            &format!("verifier.checkpoint={}", final_dir.display()),
+        ])
+        .env("MAPORL_PLUGINS", support::plugins_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let transcripts = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
+    for line in transcripts.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["plugins"]["verifier_checkpoint"], sha.as_str());
+    }
+    let lock = std::fs::read_to_string(run.join("plugins.lock")).unwrap();
+    assert!(lock.contains(&sha), "{lock}");
+    let eval: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
+    assert_eq!(eval["verifier_checkpoint_sha256"], sha.as_str());
+}

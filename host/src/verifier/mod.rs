@@ -369,6 +369,14 @@ impl LearnedVerifier {
         &self.sha256
     }
 
+    /// P(correct) of each (question, response), in batches of the configured size.
+    pub fn probabilities(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
+        self.model
+            .lock()
+            .unwrap()
+            .probabilities(pairs, self.batch_size)
+    }
+
     /// Scores the pairs not in the cache and adds them to it.
     fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<()> {
         let missing: Vec<(&str, &str)> = {
