@@ -293,3 +293,93 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
         serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
     assert_eq!(eval["verifier_checkpoint_sha256"], sha.as_str());
 }
+
+/// The benchmark in BENCHMARKS.md: scoring throughput of a verifier on SmolLM2-135M (LoRA
+/// r16 on every projection, as trained), against batched generation by the same model in
+/// the same process. Run: cargo test --release -p maporl --test verifier -- --ignored
+/// --nocapture bench_scoring
+#[test]
+#[ignore]
+fn bench_scoring_throughput_on_smollm2() {
+    use maporl::model::{generate, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams};
+    use maporl::verifier::VerifierModel;
+    let (mut agent, prompter) = VerifierModel::base(&support::smollm2(), DType::F32, 512).unwrap();
+    let bare = maporl::model::Agent::new(agent.base.clone());
+    let cfg = VerifierTrainConfig::default();
+    agent.lora = Some(
+        Lora::new(
+            &agent.base,
+            LoraConfig {
+                r: cfg.lora_r,
+                alpha: cfg.lora_alpha,
+                target_modules: cfg.lora_targets.clone(),
+            },
+            0,
+        )
+        .unwrap(),
+    );
+    let hidden = agent.base.config().hidden_size;
+    agent.value_head = Some(
+        maporl::model::ValueHead::new(hidden, DType::F32, &candle_core::Device::Cpu, 1).unwrap(),
+    );
+    let model = VerifierModel { agent, prompter };
+    // GSM8K-sized answers: ~100 tokens of working and a boxed answer.
+    let samples = synthetic(16, 2, 9);
+    let pairs: Vec<(String, String)> = samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let work = format!(
+                "Let me think step by step. We add the two numbers together, carefully \
+                 carrying where needed, and check the sum twice against the question. \
+                 Attempt {i}: the first number plus the second number gives the total. "
+            )
+            .repeat(2);
+            (s.question.clone(), format!("{work}{}", s.response))
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(q, r)| (q.as_str(), r.as_str()))
+        .collect();
+    let ids: Vec<(Vec<u32>, Vec<u32>)> = refs
+        .iter()
+        .map(|(q, r)| model.prompter.ids(q, r).unwrap())
+        .collect();
+    let tokens: usize = ids.iter().map(|(p, r)| p.len() + r.len()).sum();
+    model.probabilities(&refs[..4], 16).unwrap(); // warm-up
+    let t = std::time::Instant::now();
+    model.probabilities(&refs, 16).unwrap();
+    let score_s = t.elapsed().as_secs_f64();
+    println!(
+        "scoring: {} answers ({tokens} tokens, {:.0} per answer) in {score_s:.2} s: {:.1} \
+         answers/s, {:.0} tokens/s (batch 16)",
+        refs.len(),
+        tokens as f64 / refs.len() as f64,
+        refs.len() as f64 / score_s,
+        tokens as f64 / score_s
+    );
+    let prompts: Vec<Vec<u32>> = ids.iter().take(8).map(|(p, _)| p.clone()).collect();
+    let mut sampler = Sampler::new(SamplingParams::greedy(), 0);
+    let opts = GenerateOptions {
+        max_new_tokens: 64,
+        stop_tokens: vec![],
+        pad_token: 0,
+    };
+    let t = std::time::Instant::now();
+    let out = generate(&bare, &prompts, &mut sampler, &opts).unwrap();
+    let gen_s = t.elapsed().as_secs_f64();
+    let generated: usize = out.iter().map(|g| g.tokens.len()).sum();
+    println!(
+        "generation (same model, batch 8, 64 new tokens): {generated} tokens in {gen_s:.2} s: \
+         {:.1} tokens/s",
+        generated as f64 / gen_s
+    );
+    println!(
+        "ratio: scoring reads {:.1}x as many tokens/s as generation writes; one ~{:.0}-token \
+         answer is scored in the time generation writes {:.1} tokens",
+        (tokens as f64 / score_s) / (generated as f64 / gen_s),
+        tokens as f64 / refs.len() as f64,
+        (generated as f64 / gen_s) / (refs.len() as f64 / score_s)
+    );
+}

@@ -88,7 +88,7 @@ pub fn split(samples: &[Sample], fraction: f64, seed: u64) -> (Vec<usize>, Vec<u
     let mut ids: Vec<&str> = samples.iter().map(|s| s.task_id.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
-    ids.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_5011_7));
+    ids.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ 0x05ee_d0f5_0117));
     let mut n_val = (fraction * ids.len() as f64).ceil() as usize;
     if fraction > 0.0 && ids.len() >= 2 {
         n_val = n_val.clamp(1, ids.len() - 1);
