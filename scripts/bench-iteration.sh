@@ -10,6 +10,7 @@
 #
 #   scripts/bench-iteration.sh              # THREADS=2 TORCH=1
 #   TORCH=0 scripts/bench-iteration.sh      # candle only
+#   BENCH_SET="--set train.ppo.epochs=1" scripts/bench-iteration.sh   # more --set overrides
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -36,7 +37,7 @@ RAYON_NUM_THREADS="$THREADS" MAPORL_PLUGINS="$ROOT/plugins/target/wasm32-wasip2/
     MAPORL_BENCH_PPO_BATCHES="$OUT/batches.jsonl" \
     /usr/bin/time -v -o "$OUT/time.txt" "$OUT/maporl" train --config configs/quickstart-arith.toml \
     --set run_dir="$OUT/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
-    --set debate.turns=3 --set generation.max_new_tokens=96
+    --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
 RSS_KB="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$OUT/time.txt")"
 
 TORCH_JSON=""

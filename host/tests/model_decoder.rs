@@ -371,6 +371,43 @@ fn every_var_gets_a_gradient_on_the_differentiable_path() {
     }
 }
 
+/// Generation and no-gradient scoring must not build an autograd graph: one over trainable
+/// weights would keep every layer's activations (and, through the KV cache, every step's)
+/// alive, which ran a SmolLM2 training step out of 24 GiB.
+#[test]
+fn the_fused_path_carries_no_graph_even_over_trainable_weights() {
+    let (varmap, base) = random_base(LLAMA, 31);
+    let prompts = ids(2, 6, 120, 5);
+    let grads_of = |h: &Tensor| {
+        let loss = base.logits(h).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        data.values()
+            .filter(|v| grads.get(v.as_tensor()).is_some())
+            .count()
+    };
+    let mut cache = KvCache::new(base.config().num_hidden_layers);
+    let h = base
+        .forward(&to_tensor(&prompts), &[0, 2], Some(&mut cache), None, true)
+        .unwrap();
+    let next = base
+        .forward(
+            &to_tensor(&ids(2, 1, 120, 6)),
+            &[0, 2],
+            Some(&mut cache),
+            None,
+            true,
+        )
+        .unwrap();
+    // Only lm_head (outside the decoder) can be reached from the fused hidden states.
+    assert!(grads_of(&h) <= 1, "{} vars reachable", grads_of(&h));
+    assert!(grads_of(&next) <= 1);
+    let h = base
+        .forward(&to_tensor(&prompts), &[0, 2], None, None, false)
+        .unwrap();
+    assert!(grads_of(&h) > 10, "the differentiable path is tracked");
+}
+
 fn lora_cfg(targets: &[&str]) -> LoraConfig {
     LoraConfig {
         r: 4,

@@ -431,11 +431,18 @@ impl Base {
             let h = self.rms_norm(&x, &layer.ln2, fused)?;
             let m = self.mlp(&h, li, layer, lora)?;
             x = (x + m)?;
+            if fused {
+                // The fused path needs no gradient: without this, ops on trainable tensors
+                // (LoRA, fully fine-tuned weights) keep every layer's activations alive
+                // through the autograd graph until the forward ends.
+                x = x.detach();
+            }
         }
         if let Some(c) = cache {
             c.len += t;
         }
-        self.rms_norm(&x, &self.norm, fused)
+        let out = self.rms_norm(&x, &self.norm, fused)?;
+        Ok(if fused { out.detach() } else { out })
     }
 
     /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.
@@ -539,7 +546,8 @@ impl Base {
                     Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
                     None => (k.contiguous()?, v.contiguous()?),
                 };
-                *slot = Some((k.clone(), v.clone()));
+                // Detached: a cached step must not hold the graph of every step before it.
+                *slot = Some((k.detach(), v.detach()));
                 (k, v)
             }
             None => (k, v),
@@ -633,4 +641,36 @@ fn rope_tables(cfg: &Config, dev: &Device) -> Result<(Tensor, Tensor)> {
         .reshape((n, 1))?;
     let freqs = t.matmul(&inv).context("rope tables")?;
     Ok((freqs.cos()?, freqs.sin()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cached step must not hold the autograd graph of the steps before it: over trainable
+    /// weights that graph grows with every generated token.
+    #[test]
+    fn the_kv_cache_holds_no_graph_over_trainable_weights() {
+        let cfg = Config::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":16,"intermediate_size":32,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,
+            "vocab_size":32,"rms_norm_eps":1e-5,"max_position_embeddings":64}"#,
+        )
+        .unwrap();
+        let varmap = VarMap::new();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let base = Base::new(&cfg, vb).unwrap();
+        let mut cache = KvCache::new(2);
+        let ids = Tensor::new(&[[1u32, 2, 3]], &Device::Cpu).unwrap();
+        base.forward(&ids, &[0], Some(&mut cache), None, true)
+            .unwrap();
+        let vars = varmap.all_vars();
+        for (k, v) in cache.kvs.iter().flatten() {
+            for t in [k, v] {
+                let grads = t.sum_all().unwrap().backward().unwrap();
+                let reached = vars.iter().filter(|v| grads.get(v.as_tensor()).is_some());
+                assert_eq!(reached.count(), 0, "the cache reaches trainable weights");
+            }
+        }
+    }
 }
