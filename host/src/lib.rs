@@ -14,6 +14,7 @@ pub mod eval;
 pub mod model;
 pub mod plugin;
 pub mod ppo;
+pub mod report;
 pub mod toy;
 pub mod transcript;
 pub mod verifier;

@@ -3,6 +3,7 @@
 mod bundle;
 mod demo;
 mod plugin;
+mod report;
 mod run;
 mod toy;
 mod train;
@@ -53,6 +54,9 @@ enum Command {
     /// The paper's game-theoretic toy model: the collaboration rate of a single learner
     /// against a fixed partner and of two joint learners, over training; table + SVG plot.
     Toy(toy::ToyArgs),
+    /// An HTML page for a run directory: plots of accuracy per turn, transitions, reward
+    /// parts and KL, and a browser for its debate transcripts.
+    Report(report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -79,6 +83,7 @@ pub fn main() -> i32 {
         Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
         Command::Demo(args) => demo::run(args),
         Command::Toy(args) => toy::run(args),
+        Command::Report(args) => report::run(args),
     };
     match result {
         Ok(()) => 0,
