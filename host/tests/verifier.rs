@@ -383,3 +383,142 @@ fn bench_scoring_throughput_on_smollm2() {
         (generated as f64 / gen_s) / (refs.len() as f64 / score_s)
     );
 }
+
+/// `maporl verifier SUB` on the quickstart config, with the tiny `model` as every model and
+/// a small verifier training setup (2 epochs of 6 steps on `synthetic(8, 2, _)`).
+fn verifier_cmd(sub: &str, model: &std::path::Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"));
+    cmd.args(["verifier", sub, "--config"])
+        .arg(support::repo().join("configs/quickstart-arith.toml"));
+    for set in [
+        format!("model.path={}", model.display()),
+        format!("verifier.model={}", model.display()),
+        "seed=3".into(),
+        "verifier.max_response_tokens=64".into(),
+        "verifier.train.epochs=2".into(),
+        "verifier.train.batch_size=4".into(),
+        "verifier.train.lr=0.002".into(),
+        "verifier.train.lora_r=4".into(),
+        "verifier.train.lora_alpha=8.0".into(),
+        "verifier.train.val_fraction=0.25".into(),
+        "verifier.train.checkpoint_every=0".into(),
+        "verifier.train.keep_checkpoints=0".into(),
+    ] {
+        cmd.args(["--set", &set]);
+    }
+    cmd.args(extra)
+        .env("MAPORL_PLUGINS", support::plugins_dir());
+    cmd
+}
+
+fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `maporl verifier train --data DATA --out RUN EXTRA`; asserts success; returns the output.
+fn verifier_train(
+    model: &std::path::Path,
+    data: &std::path::Path,
+    run: &std::path::Path,
+    extra: &[&str],
+) -> String {
+    let out = verifier_cmd(
+        "train",
+        model,
+        &[
+            &[
+                "--data",
+                data.to_str().unwrap(),
+                "--out",
+                run.to_str().unwrap(),
+            ],
+            extra,
+        ]
+        .concat(),
+    )
+    .output()
+    .unwrap();
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// metrics.jsonl without wall-clock fields (the verifier's lines have none today; any that
+/// are added must end in `_seconds` or `_per_second` to be left out here).
+fn verifier_metrics(run: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.ends_with("_seconds") && !k.ends_with("_per_second"));
+            v
+        })
+        .collect()
+}
+
+/// Every file under `dir`, relative path -> bytes.
+fn files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    assert!(!out.is_empty(), "{} holds no files", dir.display());
+    out
+}
+
+/// Stopped mid-epoch (step 3 of 12), resumed and stopped again in the next epoch (step 8),
+/// resumed to the end: the same metrics lines (epoch losses included), the same final
+/// verifier and the same last checkpoint, optimizer moments included, byte for byte, as an
+/// uninterrupted run.
+#[test]
+fn verifier_train_stopped_and_resumed_ends_exactly_as_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    write_jsonl(&data, &synthetic(8, 2, 4)).unwrap();
+
+    let whole = dir.path().join("whole");
+    let text = verifier_train(&model, &data, &whole, &[]);
+    assert!(text.contains("verifier trained: 12 steps"), "{text}");
+    let expected = verifier_metrics(&whole);
+    assert_eq!(expected.len(), 2, "one line per epoch");
+
+    let parts = dir.path().join("parts");
+    let text = verifier_train(&model, &data, &parts, &["--stop-after", "3"]);
+    assert!(text.contains("stopped after step 3"), "{text}");
+    assert!(verifier_metrics(&parts).is_empty(), "no epoch ended yet");
+    assert!(!parts.join("checkpoints/final").exists());
+    let text = verifier_train(&model, &data, &parts, &["--resume", "--stop-after", "8"]);
+    assert!(text.contains("(step 3)"), "{text}");
+    assert!(text.contains("stopped after step 8"), "{text}");
+    assert_eq!(verifier_metrics(&parts), expected[..1]);
+    let text = verifier_train(&model, &data, &parts, &["--resume"]);
+    assert!(text.contains("(step 8)"), "{text}");
+    assert!(text.contains("verifier trained: 12 steps"), "{text}");
+
+    assert_eq!(verifier_metrics(&parts), expected);
+    assert_eq!(
+        files(&parts.join("checkpoints/final")),
+        files(&whole.join("checkpoints/final"))
+    );
+    assert_eq!(
+        files(&parts.join("checkpoints/step-000012")),
+        files(&whole.join("checkpoints/step-000012"))
+    );
+}

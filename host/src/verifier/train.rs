@@ -23,8 +23,8 @@ use crate::config::{write_atomic, VerifierTrainConfig};
 use crate::model::{Lora, LoraConfig, ValueHead};
 use crate::ppo::{learning_rate, AgentOptimizer};
 
-/// Bumped when the checkpoint layout changes.
-const FORMAT: u32 = 1;
+/// Bumped when the checkpoint layout changes (2: the epoch's running loss).
+const FORMAT: u32 = 2;
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// What `maporl verifier train` needs.
@@ -67,6 +67,10 @@ struct State {
     /// sha256 of the data file: a resume on other data is refused.
     data_sha256: String,
     metrics_lines: usize,
+    /// The sum of the training losses of the epoch's steps so far, as `f64::to_bits` (exact
+    /// through JSON), and how many steps: a resume mid-epoch reports the same epoch loss.
+    epoch_loss_bits: u64,
+    epoch_steps: usize,
 }
 
 /// One line of `metrics.jsonl`: the end of an epoch.
@@ -161,6 +165,8 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
     let metrics_path = opts.run_dir.join("metrics.jsonl");
     let mut start = 0;
     let mut metrics_lines = 0;
+    // (sum, steps) of the epoch in progress.
+    let mut epoch_loss = (0.0f64, 0usize);
     match (checkpoints.latest()?, opts.resume) {
         (Some((_, dir)), true) => {
             let st = read_state(&dir)?;
@@ -177,6 +183,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             restore(&model, &mut optimizer, &dir, hidden, opts.dtype)?;
             start = st.step;
             metrics_lines = st.metrics_lines;
+            epoch_loss = (f64::from_bits(st.epoch_loss_bits), st.epoch_steps);
             truncate_lines(&metrics_path, metrics_lines)?;
             if opts.verbose {
                 println!("resuming from {} (step {start})", dir.display());
@@ -211,7 +218,10 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         steps,
         validation,
     };
-    let save = |step: usize, metrics_lines: usize, optimizer: &AgentOptimizer| {
+    let save = |step: usize,
+                metrics_lines: usize,
+                epoch_loss: (f64, usize),
+                optimizer: &AgentOptimizer| {
         checkpoints.save(step, t.keep_checkpoints, |dir| {
             write_weights(&model, dir, &meta(step, None))?;
             optimizer.save(&dir.join(OPTIMIZER_FILE))?;
@@ -220,6 +230,8 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                 step,
                 data_sha256: data_sha256.clone(),
                 metrics_lines,
+                epoch_loss_bits: epoch_loss.0.to_bits(),
+                epoch_steps: epoch_loss.1,
             };
             write_atomic(
                 &dir.join(STATE_FILE),
@@ -237,7 +249,6 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         Ok(Some(Validation::of(&probs, &y)))
     };
 
-    let mut epoch_loss = (0.0f64, 0usize);
     let mut last_validation = None;
     let mut step = start;
     while step < total {
@@ -313,7 +324,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         let periodic = t.checkpoint_every > 0 && step % t.checkpoint_every == 0;
         let halt = stop.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| step >= s);
         if periodic || halt || step == total {
-            save(step, metrics_lines, &optimizer)?;
+            save(step, metrics_lines, epoch_loss, &optimizer)?;
         }
         if halt && step < total {
             if opts.verbose {
