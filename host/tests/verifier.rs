@@ -522,3 +522,76 @@ fn verifier_train_stopped_and_resumed_ends_exactly_as_an_uninterrupted_run() {
         files(&whole.join("checkpoints/step-000012"))
     );
 }
+
+/// Ctrl-C (SIGINT) during `maporl verifier train`: the run checkpoints after the step in
+/// progress and exits successfully, and `--resume` ends exactly where an uninterrupted run
+/// does.
+#[cfg(unix)]
+#[test]
+fn verifier_train_interrupted_by_ctrl_c_checkpoints_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    write_jsonl(&data, &synthetic(8, 2, 4)).unwrap();
+    // 600 steps of a few ms: the run is still going, for a second or more, when the first
+    // epoch's line appears.
+    let epochs = ["--set", "verifier.train.epochs=100"];
+
+    let run = dir.path().join("interrupted");
+    let mut child = verifier_cmd(
+        "train",
+        &model,
+        &[
+            &[
+                "--data",
+                data.to_str().unwrap(),
+                "--out",
+                run.to_str().unwrap(),
+            ],
+            &epochs[..],
+        ]
+        .concat(),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its first epoch"
+        );
+        assert!(started.elapsed().as_secs() < 300, "no epoch ended");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("interrupted: checkpointing after this step"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--resume continues"),
+        "the run should have stopped early (did it end before the signal?): {text}"
+    );
+    assert!(!run.join("checkpoints/final").exists());
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert!(run.join("checkpoints").join(&latest).is_dir(), "{latest}");
+
+    let text = verifier_train(&model, &data, &run, &[&["--resume"], &epochs[..]].concat());
+    assert!(text.contains("verifier trained: 600 steps"), "{text}");
+    let whole = dir.path().join("whole");
+    verifier_train(&model, &data, &whole, &epochs);
+    assert_eq!(verifier_metrics(&run), verifier_metrics(&whole));
+    assert_eq!(
+        files(&run.join("checkpoints/final")),
+        files(&whole.join("checkpoints/final"))
+    );
+}

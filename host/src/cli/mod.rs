@@ -2,6 +2,7 @@
 
 mod bundle;
 mod demo;
+mod interrupt;
 mod plugin;
 mod report;
 mod run;

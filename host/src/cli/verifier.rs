@@ -2,7 +2,6 @@
 //! training (PAPER.md §2). Serving is the run config's `[verifier]` section.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use candle_core::DType;
@@ -48,7 +47,8 @@ pub struct TrainArgs {
     /// Continue from the run's latest checkpoint.
     #[arg(long)]
     resume: bool,
-    /// Checkpoint and stop after this many optimizer steps.
+    /// Checkpoint and stop after this many optimizer steps, as Ctrl-C does after the step in
+    /// progress.
     #[arg(long)]
     stop_after: Option<usize>,
 }
@@ -142,7 +142,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
     crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
-    let stop = AtomicBool::new(false);
+    let stop = super::interrupt::interrupt_flag();
     train(&opts, &stop)?;
     Ok(())
 }

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -90,29 +89,11 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             sft::run(config)
         }
         _ => {
-            let stop = interrupt_flag();
+            let stop = super::interrupt::interrupt_flag();
             let mut trainer = Trainer::new(config, &args)?;
             trainer.run(&stop, args.stop_after)
         }
     }
-}
-
-/// Set by Ctrl-C: the loop checkpoints and exits after the step in progress. A second Ctrl-C
-/// exits at once (the last checkpoint stays good).
-fn interrupt_flag() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let f = flag.clone();
-    let installed = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::SeqCst) {
-            eprintln!("\ninterrupted again: exiting without a checkpoint");
-            std::process::exit(130);
-        }
-        eprintln!("\ninterrupted: checkpointing after this step (Ctrl-C again to exit now)");
-    });
-    if let Err(e) = installed {
-        eprintln!("warning: cannot catch Ctrl-C ({e}); an interrupt will lose the current step");
-    }
-    flag
 }
 
 /// One learning agent's training state.
