@@ -219,11 +219,26 @@ impl host::Host for Sandbox {
 
     fn judge(&mut self, question: String, responses: Vec<String>) -> Result<Vec<f32>, String> {
         match &self.judge {
-            None => Err("no verifier model configured: this run has no learned verifier; \
+            None => Err(
+                "no verifier model configured: this run has no learned verifier; \
                  train one with `maporl verifier train` and name it in the run config's \
                  [verifier] section (checkpoint = \"RUN/checkpoints/final\")"
-                .to_string()),
-            Some(judge) => judge.judge(&question, &responses),
+                    .to_string(),
+            ),
+            // The probe (`judge("", [])` at configure time) and any other empty list: the
+            // answer is the empty list, without asking the model.
+            Some(_) if responses.is_empty() => Ok(Vec::new()),
+            Some(judge) => {
+                let probs = judge.judge(&question, &responses)?;
+                if probs.len() != responses.len() {
+                    return Err(format!(
+                        "the learned verifier gave {} scores for {} responses",
+                        probs.len(),
+                        responses.len()
+                    ));
+                }
+                Ok(probs)
+            }
         }
     }
 }
@@ -266,5 +281,64 @@ impl HostMonotonicClock for SteppingClock {
     }
     fn now(&self) -> u64 {
         self.tick() * 1_000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use host::Host as _;
+
+    /// Answers 0.5 per response and counts its calls.
+    struct Half(std::sync::atomic::AtomicUsize);
+
+    impl Judge for Half {
+        fn judge(&self, _question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![0.5; responses.len()])
+        }
+    }
+
+    /// A judge that loses a score.
+    struct Short;
+
+    impl Judge for Short {
+        fn judge(&self, _question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
+            Ok(vec![0.5; responses.len().saturating_sub(1)])
+        }
+    }
+
+    fn sandbox(judge: Option<Arc<dyn Judge>>) -> Sandbox {
+        Sandbox::new("t", &Limits::default(), 0, stderr_sink(), judge)
+    }
+
+    /// The WIT contract of `judge`, the configure-time probe `judge("", [])` included.
+    #[test]
+    fn judge_of_an_empty_list_is_an_empty_list_or_the_no_verifier_error() {
+        let err = sandbox(None).judge(String::new(), vec![]).unwrap_err();
+        assert!(err.starts_with("no verifier model configured"), "{err}");
+        let err = sandbox(None)
+            .judge("q".into(), vec!["a".into()])
+            .unwrap_err();
+        assert!(err.starts_with("no verifier model configured"), "{err}");
+
+        let half = Arc::new(Half(Default::default()));
+        let mut s = sandbox(Some(half.clone()));
+        assert_eq!(s.judge(String::new(), vec![]), Ok(vec![]));
+        assert_eq!(s.judge("q".into(), vec![]), Ok(vec![]));
+        assert_eq!(
+            half.0.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "an empty list does not reach the model"
+        );
+        assert_eq!(
+            s.judge("q".into(), vec!["a".into(), "b".into()]),
+            Ok(vec![0.5, 0.5])
+        );
+
+        let err = sandbox(Some(Arc::new(Short)))
+            .judge("q".into(), vec!["a".into(), "b".into()])
+            .unwrap_err();
+        assert!(err.contains("1 scores for 2 responses"), "{err}");
     }
 }
