@@ -524,6 +524,180 @@ fn verifier_train_stopped_and_resumed_ends_exactly_as_an_uninterrupted_run() {
     );
 }
 
+/// A tiny llama (an HF folder, SmolLM2's tokenizer, a ChatML template) that answers every
+/// prompt with "1" or "2", each with probability 1/2 at any temperature: its layers add
+/// nothing to the residual (o_proj and down_proj are zero), every embedding carries 10 in
+/// dimension 0, and lm_head reads only that dimension, -30 for every token but the two.
+fn write_coin_model(dir: &std::path::Path) {
+    use candle_core::{Device, Tensor};
+    let loaded = maporl::model::load(&support::smollm2(), DType::F32, &Device::Cpu).unwrap();
+    let tokenizer = loaded.tokenizer.expect("SmolLM2 has a tokenizer");
+    let vocab = tokenizer.get_vocab_size(true);
+    let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let answers = ["1", "2"].map(|t| tokenizer.token_to_id(t).unwrap() as usize);
+    let (h, i) = (32usize, 64usize);
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": h, "intermediate_size": i,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": vocab, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false, "eos_token_id": eos,
+        "torch_dtype": "float32"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let mut random = |dims: &[usize]| {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5f32..0.5)).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    let zeros = |dims: &[usize]| Tensor::zeros(dims, DType::F32, &Device::Cpu).unwrap();
+    let ones = |n: usize| Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
+    let mut embed = random(&[vocab, h]).to_vec2::<f32>().unwrap();
+    for row in &mut embed {
+        row[0] = 10.0;
+    }
+    let mut head = vec![0f32; vocab * h];
+    for t in 0..vocab {
+        if !answers.contains(&t) {
+            head[t * h] = -30.0;
+        }
+    }
+    let mut w = std::collections::HashMap::new();
+    w.insert(
+        "model.embed_tokens.weight".to_string(),
+        Tensor::new(embed, &Device::Cpu).unwrap(),
+    );
+    w.insert(
+        "lm_head.weight".to_string(),
+        Tensor::from_vec(head, (vocab, h), &Device::Cpu).unwrap(),
+    );
+    w.insert("model.norm.weight".to_string(), ones(h));
+    let p = "model.layers.0";
+    for (name, t) in [
+        ("self_attn.q_proj.weight", random(&[h, h])),
+        ("self_attn.k_proj.weight", random(&[h / 2, h])),
+        ("self_attn.v_proj.weight", random(&[h / 2, h])),
+        ("self_attn.o_proj.weight", zeros(&[h, h])),
+        ("mlp.gate_proj.weight", random(&[i, h])),
+        ("mlp.up_proj.weight", random(&[i, h])),
+        ("mlp.down_proj.weight", zeros(&[h, i])),
+        ("input_layernorm.weight", ones(h)),
+        ("post_attention_layernorm.weight", ones(h)),
+    ] {
+        w.insert(format!("{p}.{name}"), t);
+    }
+    candle_core::safetensors::save(&w, dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer.to_string(false).unwrap(),
+    )
+    .unwrap();
+    let tc = serde_json::json!({
+        "eos_token": "<|im_end|>",
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+}
+
+/// `maporl verifier generate` end to end: one-token answers "1" or "2" sampled by the coin
+/// model to GSM8K-format questions whose references are 1, 2 or 7, labelled by gsm8k.wasm.
+/// Every kept question has k right and k wrong answers, labels agree with the references,
+/// a question nobody can answer (7) is dropped and counted, and a seed gives the same file.
+#[test]
+fn verifier_generate_writes_k_right_and_k_wrong_answers_per_kept_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("coin");
+    std::fs::create_dir_all(&model).unwrap();
+    write_coin_model(&model);
+    let refs = ["1", "2", "7", "1", "2", "1"];
+    let questions = dir.path().join("questions.jsonl");
+    let lines: Vec<String> = refs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            serde_json::json!({
+                "question": format!("Question {}: pick a number.", i + 1),
+                "answer": format!("Work.\n#### {r}"),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&questions, lines.join("\n") + "\n").unwrap();
+    let k = 2;
+    let generate = |out: &std::path::Path, seed: u64| {
+        let output = verifier_cmd("generate", &model, &["--out", out.to_str().unwrap()])
+            .args(["--set", "data.source=gsm8k"])
+            .args(["--set", &format!("data.path={}", questions.display())])
+            .args(["--set", "data.count=0", "--set", "debate.batch_size=4"])
+            .args(["--set", "generation.max_new_tokens=1"])
+            .args(["--set", "verifier.generate.samples_per_question=10"])
+            .args(["--set", &format!("verifier.generate.per_class={k}")])
+            .args(["--set", &format!("seed={seed}")])
+            .output()
+            .unwrap();
+        let text = output_text(&output);
+        assert!(output.status.success(), "{text}");
+        let samples = maporl::verifier::data::read_jsonl(out).unwrap();
+        (samples, std::fs::read(out).unwrap(), text)
+    };
+
+    let (samples, bytes, text) = generate(&dir.path().join("a.jsonl"), 5);
+    assert!(text.contains("60 answers to 6 questions"), "{text}");
+    let mut kept: Vec<&str> = samples.iter().map(|s| s.task_id.as_str()).collect();
+    kept.dedup();
+    assert!(!kept.is_empty(), "{text}");
+    assert!(
+        text.contains(&format!(
+            "kept {} questions x ({k} right + {k} wrong) = {} answers, dropped {} that could \
+             not be balanced",
+            kept.len(),
+            samples.len(),
+            refs.len() - kept.len()
+        )),
+        "{text}"
+    );
+    assert!(
+        !kept.contains(&"gsm8k-3"),
+        "no \"7\" was ever answered: {kept:?}"
+    );
+    for id in &kept {
+        let of: Vec<_> = samples.iter().filter(|s| s.task_id == *id).collect();
+        assert_eq!(of.len(), 2 * k, "{id}");
+        assert_eq!(of.iter().filter(|s| s.correct).count(), k, "{id}");
+    }
+    for s in &samples {
+        // Task ids are `gsm8k-LINE`, LINE from 1.
+        let n: usize = s.task_id.strip_prefix("gsm8k-").unwrap().parse().unwrap();
+        assert_eq!(s.reference, refs[n - 1], "{s:?}");
+        assert_eq!(s.question, format!("Question {n}: pick a number."));
+        assert!(["1", "2"].contains(&s.response.trim()), "{s:?}");
+        assert_eq!(s.answer.as_deref(), Some(s.response.trim()), "{s:?}");
+        assert_eq!(s.correct, s.response.trim() == s.reference, "{s:?}");
+    }
+
+    // The summary line counts what was sampled: "60 answers to 6 questions (N right, ...".
+    let summary = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("60 answers"))
+            .unwrap()
+            .split("; wrote")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (_, again, again_text) = generate(&dir.path().join("b.jsonl"), 5);
+    assert_eq!(again, bytes, "the same seed, the same file");
+    assert_eq!(summary(&again_text), summary(&text));
+    // Another seed samples other answers. (The files may still agree: every kept question
+    // is "1", "2", "1", "2" or "2", "1", "2", "1" whatever was sampled.)
+    let (_, _, other_text) = generate(&dir.path().join("c.jsonl"), 6);
+    assert_ne!(
+        summary(&other_text),
+        summary(&text),
+        "another seed, other samples"
+    );
+}
+
 /// Ctrl-C (SIGINT) during `maporl verifier train`: the run checkpoints after the step in
 /// progress and exits successfully, and `--resume` ends exactly where an uninterrupted run
 /// does.
