@@ -25,10 +25,7 @@ impl PluginHashes {
             protocol: plugins.protocol.identity().sha256.clone(),
             verifier: plugins.verifier.identity().sha256.clone(),
             shaper: plugins.shaper.identity().sha256.clone(),
-            verifier_checkpoint: plugins
-                .verifier
-                .judge()
-                .and_then(|j| j.checkpoint_sha256()),
+            verifier_checkpoint: plugins.verifier.judge().and_then(|j| j.checkpoint_sha256()),
         }
     }
 }
