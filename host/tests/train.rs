@@ -688,3 +688,61 @@ fn held_out_tasks_are_evaluated_before_and_after_and_never_trained_on() {
         text(&out)
     );
 }
+
+#[test]
+fn ctrl_c_checkpoints_after_the_step_in_progress_and_the_run_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let steps = [
+        "--set",
+        "train.steps=12",
+        "--set",
+        "train.checkpoint_every=100",
+    ];
+    let run = dir.path().join("interrupted");
+    let mut child = command(&run, &model, &steps, &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its first step"
+        );
+        assert!(started.elapsed().as_secs() < 300, "no step ended");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("interrupted: checkpointing after this step")
+            && text(&out).contains("continue with --resume"),
+        "the run should have stopped early (did it end before the signal?): {}",
+        text(&out)
+    );
+    assert!(!run.join("checkpoints/final").exists());
+    let done = metrics(&run).len();
+    assert!(done < 12, "{done} steps");
+    // No periodic checkpoint was due: the one there is Ctrl-C's.
+    assert_eq!(
+        std::fs::read_to_string(run.join("checkpoints/latest")).unwrap(),
+        format!("step-{done:06}")
+    );
+
+    let out = run_train(&run, &model, &[&steps[..], &["--resume"]].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let whole = dir.path().join("whole");
+    let expected = train(&whole, &model, &steps);
+    assert_eq!(without_timings(&metrics(&run)), without_timings(&expected));
+    assert_eq!(
+        files(&run.join("checkpoints/final")),
+        files(&whole.join("checkpoints/final"))
+    );
+}
