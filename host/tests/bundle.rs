@@ -39,15 +39,35 @@ impl Env {
     }
 
     fn maporl(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_maporl"))
+        self.maporl_with(args, &[], None)
+    }
+
+    /// Runs maporl with more environment variables and, optionally, text on stdin. No
+    /// registry login leaks in from the user's environment or docker config.
+    fn maporl_with(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&str>) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_maporl"))
             .args(args)
             .current_dir(self.root.path())
             .env("MAPORL_BUNDLES", self.store())
             .env("MAPORL_TRUSTED_KEYS", self.trusted())
             .env("MAPORL_CACHE_DIR", self.path("cache"))
             .env("MAPORL_PLUGINS", plugins_dir())
-            .output()
-            .expect("running maporl")
+            .env("DOCKER_CONFIG", self.path("docker"))
+            .env_remove("MAPORL_REGISTRY_USER")
+            .env_remove("MAPORL_REGISTRY_PASSWORD")
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running maporl");
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            pipe.write_all(text.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        child.wait_with_output().expect("running maporl")
     }
 
     /// Runs maporl, asserts success, returns stdout and stderr together.
@@ -680,6 +700,11 @@ struct Registry {
 
 impl Registry {
     fn start() -> Registry {
+        Registry::start_with("")
+    }
+
+    /// With more configuration (e.g. an `auth:` section).
+    fn start_with(extra_config: &str) -> Registry {
         let bin = std::env::var_os("MAPORL_TEST_REGISTRY")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
@@ -703,7 +728,7 @@ impl Registry {
             &config,
             format!(
                 "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
-                 delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                 delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{extra_config}",
                 storage.display()
             ),
         )
@@ -723,10 +748,16 @@ impl Registry {
             _dir: dir,
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
         loop {
-            let up = ureq::get(&format!("http://{}/v2/", registry.addr))
+            // 401: up, and asking for a login.
+            let up = agent
+                .get(&format!("http://{}/v2/", registry.addr))
                 .call()
-                .is_ok_and(|r| r.status() == 200);
+                .is_ok_and(|r| r.status() == 200 || r.status() == 401);
             if up {
                 break;
             }
@@ -962,4 +993,367 @@ fn eval_with_bundle_references_writes_the_plugins_lock() {
     let record: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
     assert_eq!(record["plugins"]["protocol"], lock.protocol.sha256.as_str());
     assert!(bundle::check_lock(&run, &lock, false).unwrap().is_empty());
+}
+
+const USER: (&str, &str) = ("MAPORL_REGISTRY_USER", "lab");
+const PASSWORD: (&str, &str) = ("MAPORL_REGISTRY_PASSWORD", "s3cret pass");
+const WRONG: (&str, &str) = ("MAPORL_REGISTRY_PASSWORD", "not-the-password");
+
+#[test]
+fn push_and_pull_through_a_registry_that_needs_a_basic_login() {
+    let env = Env::new();
+    // The registry's htpasswd auth takes bcrypt hashes only.
+    let htpasswd = env.path("htpasswd");
+    let hash = bcrypt::hash(PASSWORD.1, 4).unwrap();
+    std::fs::write(&htpasswd, format!("lab:{hash}\n")).unwrap();
+    let registry = Registry::start_with(&format!(
+        "auth:\n  htpasswd:\n    realm: maporl-test\n    path: {}\n",
+        htpasswd.display()
+    ));
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    let reference = format!("{}/labs/arith:0.1.0", registry.addr);
+    let push = ["bundle", "push", reference.as_str(), s(&dir)];
+
+    // Without a login: refused, naming the registry and how to log in.
+    let out = env.fails(&push);
+    assert!(
+        out.contains(&format!("{} needs a login", registry.addr))
+            && out.contains("MAPORL_REGISTRY_USER")
+            && out.contains("--password-stdin")
+            && out.contains("docker login"),
+        "{out}"
+    );
+    // A wrong password: "login refused", and the password is not printed.
+    let o = env.maporl_with(&push, &[USER, WRONG], None);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("login refused")
+            && out.contains(&registry.addr)
+            && out.contains("as lab")
+            && !out.contains(WRONG.1),
+        "{out}"
+    );
+    // With the login in the environment: pushed.
+    let o = env.maporl_with(&push, &[USER, PASSWORD], None);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("6 of 6 blobs uploaded") && !out.contains(PASSWORD.1),
+        "{out}"
+    );
+    // Pull: anonymously refused; with --user and --password-stdin, the same files.
+    let out = env.fails(&["bundle", "pull", &reference, "--out", "anon"]);
+    assert!(
+        out.contains(&format!("{} needs a login", registry.addr)),
+        "{out}"
+    );
+    assert!(!env.path("anon").exists());
+    let o = env.maporl_with(
+        &[
+            "bundle",
+            "pull",
+            &reference,
+            "--out",
+            "pulled",
+            "--user",
+            "lab",
+            "--password-stdin",
+        ],
+        &[],
+        Some(&format!("{}\n", PASSWORD.1)),
+    );
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("signed by lab"), "{out}");
+    for f in ["bundle.toml", "bundle.toml.sig", "gsm8k.wasm"] {
+        assert_eq!(
+            std::fs::read(env.path("pulled").join(f)).unwrap(),
+            std::fs::read(dir.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    // The login `docker login` leaves in the docker config.
+    std::fs::create_dir_all(env.path("docker")).unwrap();
+    let auth = base64(format!("lab:{}", PASSWORD.1).as_bytes());
+    std::fs::write(
+        env.path("docker/config.json"),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{auth}"}}}}}}"#,
+            registry.addr
+        ),
+    )
+    .unwrap();
+    env.ok(&["bundle", "pull", &reference, "--out", "from-docker-config"]);
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            out.push(if i <= c.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+type Headers = Vec<(String, String)>;
+
+/// One HTTP/1.1 request read off a connection: the request line, the headers (names in
+/// lower case) and the body (Content-Length only: all ureq sends).
+fn read_request(
+    conn: &mut std::io::BufReader<std::net::TcpStream>,
+) -> Option<(String, Headers, Vec<u8>)> {
+    use std::io::{BufRead, Read};
+    let mut line = String::new();
+    conn.read_line(&mut line).ok()?;
+    let request_line = line.trim_end().to_string();
+    if request_line.is_empty() {
+        return None;
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        conn.read_line(&mut h).ok()?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':')?;
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; len];
+    conn.read_exact(&mut body).ok()?;
+    Some((request_line, headers, body))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() + 1 {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// What the token server was asked: the service, the scopes, and the Authorization header.
+#[derive(Clone, Debug)]
+struct TokenRequest {
+    service: String,
+    scopes: Vec<String>,
+    authorization: Option<String>,
+}
+
+/// A registry's token server (`GET /token?service=..&scope=..`) and a reverse proxy in front
+/// of a registry that answers `401` + a Bearer challenge unless the request carries a token
+/// the token server issued for a scope that covers it (pull for GET and HEAD, push else).
+/// Pushing needs the login lab / "s3cret pass"; pulling is anonymous.
+struct BearerFront {
+    addr: String,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<TokenRequest>>>,
+}
+
+impl BearerFront {
+    fn start(registry: &str) -> BearerFront {
+        use std::collections::HashMap;
+        use std::io::Write;
+        use std::net::TcpListener;
+        use std::sync::{Arc, Mutex};
+        let token_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let token_addr = token_listener.local_addr().unwrap().to_string();
+        let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = proxy.local_addr().unwrap().to_string();
+        let asked: Arc<Mutex<Vec<TokenRequest>>> = Arc::default();
+        let issued: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
+        let login = format!("Basic {}", base64(format!("lab:{}", PASSWORD.1).as_bytes()));
+        {
+            let (asked, issued) = (asked.clone(), issued.clone());
+            std::thread::spawn(move || {
+                for conn in token_listener.incoming() {
+                    let mut conn = std::io::BufReader::new(conn.unwrap());
+                    let Some((line, headers, _)) = read_request(&mut conn) else {
+                        continue;
+                    };
+                    let target = line.split(' ').nth(1).unwrap_or("");
+                    let query = target.split_once('?').map_or("", |(_, q)| q);
+                    let mut req = TokenRequest {
+                        service: String::new(),
+                        scopes: Vec::new(),
+                        authorization: header(&headers, "authorization").map(str::to_string),
+                    };
+                    for pair in query.split('&') {
+                        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                        match k {
+                            "service" => req.service = percent_decode(v),
+                            "scope" => req.scopes.push(percent_decode(v)),
+                            _ => {}
+                        }
+                    }
+                    let wants_push = req.scopes.iter().any(|s| s.ends_with(",push"));
+                    let logged_in = req.authorization.as_deref() == Some(login.as_str());
+                    let refused = (wants_push || req.authorization.is_some()) && !logged_in;
+                    let response = if refused {
+                        "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_string()
+                    } else {
+                        let mut issued = issued.lock().unwrap();
+                        let token = format!("tok-{}", issued.len() + 1);
+                        issued.insert(token.clone(), req.scopes.clone());
+                        let body = format!(r#"{{"token": "{token}", "expires_in": 300}}"#);
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    asked.lock().unwrap().push(req);
+                    let _ = conn.get_mut().write_all(response.as_bytes());
+                }
+            });
+        }
+        let registry = registry.to_string();
+        std::thread::spawn(move || {
+            for conn in proxy.incoming() {
+                let (issued, registry, token_addr) =
+                    (issued.clone(), registry.clone(), token_addr.clone());
+                std::thread::spawn(move || {
+                    let mut conn = std::io::BufReader::new(conn.unwrap());
+                    let Some((line, headers, body)) = read_request(&mut conn) else {
+                        return;
+                    };
+                    let mut parts = line.split(' ');
+                    let (method, target) = (parts.next().unwrap(), parts.next().unwrap());
+                    let path = target.split('?').next().unwrap();
+                    let repo = path
+                        .strip_prefix("/v2/")
+                        .and_then(|p| p.split_once("/manifests/").or(p.split_once("/blobs/")))
+                        .map_or("", |(r, _)| r);
+                    let actions = if matches!(method, "GET" | "HEAD") {
+                        "pull"
+                    } else {
+                        "pull,push"
+                    };
+                    let needed = format!("repository:{repo}:{actions}");
+                    let granted = header(&headers, "authorization")
+                        .and_then(|a| a.strip_prefix("Bearer "))
+                        .and_then(|t| issued.lock().unwrap().get(t).cloned())
+                        .is_some_and(|scopes| scopes.contains(&needed));
+                    let out = conn.get_mut();
+                    if !granted {
+                        let _ = write!(
+                            out,
+                            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer \
+                             realm=\"http://{token_addr}/token\",service=\"maporl-test\",\
+                             scope=\"{needed}\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        );
+                        return;
+                    }
+                    let mut upstream = std::net::TcpStream::connect(&registry).unwrap();
+                    let mut request = format!("{line}\r\n");
+                    for (k, v) in &headers {
+                        if k != "authorization" && k != "connection" {
+                            request.push_str(&format!("{k}: {v}\r\n"));
+                        }
+                    }
+                    request.push_str("connection: close\r\n\r\n");
+                    upstream.write_all(request.as_bytes()).unwrap();
+                    upstream.write_all(&body).unwrap();
+                    let _ = std::io::copy(&mut upstream, out);
+                });
+            }
+        });
+        BearerFront { addr, asked }
+    }
+
+    fn take_asked(&self) -> Vec<TokenRequest> {
+        std::mem::take(&mut *self.asked.lock().unwrap())
+    }
+}
+
+#[test]
+fn push_and_pull_through_a_registry_that_wants_bearer_tokens() {
+    let registry = Registry::start();
+    let front = BearerFront::start(&registry.addr);
+    let env = Env::new();
+    let (key, _) = env.key("lab", true);
+    let dir = env.signed("arith", "0.1.0", Some(&key));
+    let reference = format!("{}/labs/arith:0.1.0", front.addr);
+    let push = ["bundle", "push", reference.as_str(), s(&dir)];
+
+    // Pushing needs a login the token server accepts.
+    let out = env.fails(&push);
+    assert!(
+        out.contains(&format!("{} needs a login", front.addr))
+            && out.contains("MAPORL_REGISTRY_USER"),
+        "{out}"
+    );
+    front.take_asked();
+    let o = env.maporl_with(&push, &[USER, WRONG], None);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("login refused") && !out.contains(WRONG.1),
+        "{out}"
+    );
+    front.take_asked();
+    let o = env.maporl_with(&push, &[USER, PASSWORD], None);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("6 of 6 blobs uploaded"), "{out}");
+    // One token for the whole push, for pull,push on the repository, with the login.
+    let asked = front.take_asked();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].service, "maporl-test");
+    assert_eq!(asked[0].scopes[0], "repository:labs/arith:pull,push");
+    assert!(asked[0]
+        .authorization
+        .as_deref()
+        .unwrap()
+        .starts_with("Basic "));
+
+    // Pulling is anonymous: one token, scope pull, no credentials sent.
+    let out = env.ok(&["bundle", "pull", &reference, "--out", "pulled"]);
+    assert!(out.contains("signed by lab"), "{out}");
+    let asked = front.take_asked();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].service, "maporl-test");
+    assert_eq!(asked[0].scopes, ["repository:labs/arith:pull"]);
+    assert_eq!(asked[0].authorization, None);
+    for f in [
+        "bundle.toml",
+        "bundle.toml.sig",
+        "debate.wasm",
+        "gsm8k.wasm",
+    ] {
+        assert_eq!(
+            std::fs::read(env.path("pulled").join(f)).unwrap(),
+            std::fs::read(dir.join(f)).unwrap(),
+            "{f}"
+        );
+    }
 }

@@ -6,9 +6,19 @@
 //! monolithic upload (POST, then PUT with the digest); pulling checks every digest and size.
 //!
 //! Registries are reached over HTTPS, or plain HTTP for loopback hosts (`localhost`,
-//! `127.0.0.1`, `[::1]`) and when asked (`insecure`). Registries that require a login are
-//! not supported yet.
+//! `127.0.0.1`, `[::1]`) and when asked (`insecure`).
+//!
+//! Logins follow the distribution spec's token flow, as docker, oras and wkg do: a `401`
+//! with `WWW-Authenticate: Bearer realm=...,service=...,scope=...` sends us to the realm
+//! for a token (with HTTP Basic credentials when we have some, anonymously otherwise; a push
+//! asks for `repository:NAME:pull,push`), and the request is retried with
+//! `Authorization: Bearer TOKEN`; the token is kept for the rest of the command. A `401` with
+//! `WWW-Authenticate: Basic` is retried with the credentials. Credentials come from
+//! [`OciOptions::credentials`], else `MAPORL_REGISTRY_USER` + `MAPORL_REGISTRY_PASSWORD`, else
+//! `auths.REGISTRY.auth` in `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`
+//! (`docker login`). Neither the password nor a token is ever printed.
 
+use std::cell::RefCell;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -111,11 +121,7 @@ impl OciRef {
     }
 
     fn is_loopback(&self) -> bool {
-        let host = match self.registry.rsplit_once(':') {
-            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => self.registry.as_str(),
-        };
-        matches!(host, "localhost" | "127.0.0.1" | "[::1]") || host.starts_with("127.")
+        is_loopback_host(&self.registry)
     }
 }
 
@@ -132,11 +138,202 @@ impl std::fmt::Display for OciRef {
     }
 }
 
+/// The environment variables a registry login is read from.
+pub const USER_ENV: &str = "MAPORL_REGISTRY_USER";
+pub const PASSWORD_ENV: &str = "MAPORL_REGISTRY_PASSWORD";
+
 /// How to reach the registry.
 #[derive(Clone, Debug, Default)]
 pub struct OciOptions {
     /// Plain HTTP even for a registry that is not on loopback.
     pub insecure: bool,
+    /// The login to use; `None`: `MAPORL_REGISTRY_USER` + `MAPORL_REGISTRY_PASSWORD`, else
+    /// the docker config's, else anonymous.
+    pub credentials: Option<Credentials>,
+}
+
+/// A registry login: a user name and a password (or a personal access token).
+#[derive(Clone)]
+pub struct Credentials {
+    pub user: String,
+    pub password: String,
+    /// Where they came from, for messages (e.g. `--user`, `MAPORL_REGISTRY_USER`).
+    pub source: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"(hidden)")
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl Credentials {
+    fn basic(&self) -> String {
+        format!(
+            "Basic {}",
+            base64_encode(format!("{}:{}", self.user, self.password).as_bytes())
+        )
+    }
+}
+
+/// The login for `registry`: `given`, else the environment's, else the docker config's.
+pub fn find_credentials(
+    registry: &str,
+    given: Option<&Credentials>,
+) -> anyhow::Result<Option<Credentials>> {
+    if let Some(c) = given {
+        return Ok(Some(c.clone()));
+    }
+    let user = std::env::var(USER_ENV).ok().filter(|u| !u.is_empty());
+    let password = std::env::var(PASSWORD_ENV).ok();
+    match (user, password) {
+        (Some(user), Some(password)) => {
+            return Ok(Some(Credentials {
+                user,
+                password,
+                source: format!("{USER_ENV} and {PASSWORD_ENV}"),
+            }))
+        }
+        (Some(_), None) => bail!("{USER_ENV} is set but {PASSWORD_ENV} is not"),
+        _ => {}
+    }
+    let path = match std::env::var_os("DOCKER_CONFIG") {
+        Some(d) => PathBuf::from(d).join("config.json"),
+        None => match dirs::home_dir() {
+            Some(h) => h.join(".docker/config.json"),
+            None => return Ok(None),
+        },
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let config: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let want = registry_key(registry);
+    let Some(auths) = config["auths"].as_object() else {
+        return Ok(None);
+    };
+    for (key, entry) in auths {
+        if registry_key(key) != want {
+            continue;
+        }
+        let Some(auth) = entry["auth"].as_str().filter(|a| !a.is_empty()) else {
+            continue;
+        };
+        let decoded = base64_decode(auth)
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| {
+                t.split_once(':')
+                    .map(|(u, p)| (u.to_string(), p.to_string()))
+            });
+        let Some((user, password)) = decoded else {
+            bail!(
+                "{}: auths.{key}.auth is not base64 of USER:PASSWORD",
+                path.display()
+            );
+        };
+        return Ok(Some(Credentials {
+            user,
+            password,
+            source: path.display().to_string(),
+        }));
+    }
+    Ok(None)
+}
+
+/// A docker config `auths` key or a registry host, as the host it names (Docker Hub's
+/// several names as one).
+fn registry_key(key: &str) -> String {
+    let host = key
+        .trim_start_matches("https://")
+        .trim_start_matches("http://");
+    let host = host.split('/').next().unwrap_or(host).to_ascii_lowercase();
+    match host.as_str() {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
+            "docker.io".to_string()
+        }
+        _ => host,
+    }
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(BASE64[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim().trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut n, mut bits) = (0u32, 0);
+    for c in text.bytes() {
+        let v = BASE64.iter().position(|b| *b == c)? as u32;
+        n = n << 6 | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((n >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// A `WWW-Authenticate` challenge: its scheme (lower-case) and its parameters.
+fn parse_challenge(header: &str) -> (String, Vec<(String, String)>) {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
+    let mut params = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=')).collect();
+        if key.is_empty() || chars.next().is_none() {
+            break;
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => value.extend(chars.next()),
+                    c => value.push(c),
+                }
+            }
+        } else {
+            value = std::iter::from_fn(|| chars.next_if(|c| *c != ',')).collect();
+        }
+        params.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
+    }
+    (scheme.to_ascii_lowercase(), params)
+}
+
+fn is_loopback_host(host_port: &str) -> bool {
+    let host = match host_port.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host_port,
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]") || host.starts_with("127.")
 }
 
 /// What a push did.
@@ -167,11 +364,18 @@ pub struct PullReport {
 struct Client {
     agent: ureq::Agent,
     base: String,
+    registry: String,
     repository: String,
+    /// The token scope the command needs (`repository:NAME:pull`, or `:pull,push`).
+    scope: String,
+    insecure: bool,
+    credentials: Option<Credentials>,
+    /// The `Authorization` header earned for (this registry, `scope`), kept for the command.
+    auth: RefCell<Option<String>>,
 }
 
 impl Client {
-    fn new(r: &OciRef, opts: &OciOptions) -> Client {
+    fn new(r: &OciRef, opts: &OciOptions, push: bool) -> anyhow::Result<Client> {
         let scheme = if opts.insecure || r.is_loopback() {
             "http"
         } else {
@@ -184,11 +388,17 @@ impl Client {
             .user_agent(concat!("maporl/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Client {
+        let actions = if push { "pull,push" } else { "pull" };
+        Ok(Client {
             agent,
             base: format!("{scheme}://{}", r.registry),
+            registry: r.registry.clone(),
             repository: r.repository.clone(),
-        }
+            scope: format!("repository:{}:{actions}", r.repository),
+            insecure: opts.insecure,
+            credentials: find_credentials(&r.registry, opts.credentials.as_ref())?,
+            auth: RefCell::new(None),
+        })
     }
 
     fn url(&self, path: &str) -> String {
@@ -206,14 +416,197 @@ impl Client {
         }
     }
 
+    /// How to give a login, for messages.
+    fn how_to_login(&self) -> String {
+        format!(
+            "{} needs a login: set {USER_ENV} and {PASSWORD_ENV}, pass --user USER \
+             --password-stdin, or `docker login {}`",
+            self.registry, self.registry
+        )
+    }
+
+    fn who(&self, c: &Credentials) -> String {
+        format!("as {} (credentials from {})", c.user, c.source)
+    }
+
+    /// Sends a request; on a `401` answers the registry's challenge (a bearer token from its
+    /// realm, or Basic credentials) and sends it once more.
+    fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> anyhow::Result<ureq::http::Response<ureq::Body>> {
+        let mut answered = false;
+        loop {
+            let mut req = ureq::http::Request::builder().method(method).uri(url);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            if let Some(a) = self.auth.borrow().as_deref() {
+                req = req.header("Authorization", a);
+            }
+            let resp = match body {
+                Some(b) => self.agent.run(req.body(b)?),
+                None => self.agent.run(req.body(())?),
+            }
+            .with_context(|| format!("{method} {url}"))?;
+            if resp.status().as_u16() != 401 {
+                return Ok(resp);
+            }
+            if answered {
+                match &self.credentials {
+                    Some(c) => bail!(
+                        "{method} {url}: login refused: {} answered HTTP 401 after logging in {}",
+                        self.registry,
+                        self.who(c)
+                    ),
+                    None => bail!("{method} {url}: HTTP 401: {}", self.how_to_login()),
+                }
+            }
+            let challenge = resp
+                .headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let header = self
+                .answer(&challenge)
+                .with_context(|| format!("{method} {url}: HTTP 401"))?;
+            *self.auth.borrow_mut() = Some(header);
+            answered = true;
+        }
+    }
+
+    /// The `Authorization` header that answers a `WWW-Authenticate` challenge.
+    fn answer(&self, challenge: &str) -> anyhow::Result<String> {
+        let (scheme, params) = parse_challenge(challenge);
+        let param = |k: &str| {
+            params
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        match scheme.as_str() {
+            "basic" => match &self.credentials {
+                Some(c) => Ok(c.basic()),
+                None => bail!("{}", self.how_to_login()),
+            },
+            "bearer" => {
+                let realm = param("realm").with_context(|| {
+                    format!(
+                        "{} asked for a bearer token but named no realm",
+                        self.registry
+                    )
+                })?;
+                let token = self.token(realm, param("service"), param("scope"))?;
+                Ok(format!("Bearer {token}"))
+            }
+            "" => bail!(
+                "{} answered HTTP 401 without a WWW-Authenticate challenge",
+                self.registry
+            ),
+            other => bail!(
+                "{} asks for `{other}` authentication; only Bearer and Basic are supported",
+                self.registry
+            ),
+        }
+    }
+
+    /// A bearer token from the registry's token server (`realm`) for our scope (and the
+    /// challenge's, when it names another).
+    fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        challenge_scope: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let realm_host = realm
+            .split_once("://")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .with_context(|| {
+                format!("{}: the token realm `{realm}` is not a URL", self.registry)
+            })?;
+        let mut req = self.agent.get(realm);
+        if let Some(s) = service {
+            req = req.query("service", s);
+        }
+        req = req.query("scope", &self.scope);
+        if let Some(s) = challenge_scope.filter(|s| *s != self.scope) {
+            req = req.query("scope", s);
+        }
+        if let Some(c) = &self.credentials {
+            if realm.starts_with("http://") && !(self.insecure || is_loopback_host(realm_host)) {
+                bail!(
+                    "{}: the token server {realm} is plain HTTP; not sending credentials there \
+                     (--insecure to allow it)",
+                    self.registry
+                );
+            }
+            req = req.header("Authorization", &c.basic());
+        }
+        let mut resp = req
+            .call()
+            .with_context(|| format!("{}: asking {realm_host} for a token", self.registry))?;
+        let status = resp.status().as_u16();
+        if status == 401 || status == 403 {
+            match &self.credentials {
+                Some(c) => bail!(
+                    "login refused: {realm_host} (the token server of {}) answered HTTP \
+                     {status} to logging in {}",
+                    self.registry,
+                    self.who(c)
+                ),
+                None => bail!(
+                    "{} (its token server {realm_host} refused an anonymous token for {})",
+                    self.how_to_login(),
+                    self.scope
+                ),
+            }
+        }
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(1 << 20)
+            .read_to_string()
+            .unwrap_or_default();
+        if status != 200 {
+            bail!(
+                "{}: its token server {realm_host} answered HTTP {status}: {}",
+                self.registry,
+                body.trim()
+            );
+        }
+        let v: Value = serde_json::from_str(&body).with_context(|| {
+            format!(
+                "{}: the token server {realm_host} did not answer JSON",
+                self.registry
+            )
+        })?;
+        v["token"]
+            .as_str()
+            .or(v["access_token"].as_str())
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .with_context(|| {
+                format!(
+                    "{}: the token server {realm_host} sent no token",
+                    self.registry
+                )
+            })
+    }
+
     fn blob_exists(&self, digest: &str) -> anyhow::Result<bool> {
         let url = self.url(&format!("blobs/{digest}"));
-        let resp = self
-            .agent
-            .head(&url)
-            .call()
-            .with_context(|| format!("HEAD {url}"))?;
-        Ok(resp.status().is_success())
+        let resp = self.send("HEAD", &url, &[], None)?;
+        match resp.status().as_u16() {
+            403 => {
+                self.expect(resp, "HEAD", &url, 200)?;
+                Ok(false)
+            }
+            _ => Ok(resp.status().is_success()),
+        }
     }
 
     fn upload_blob(&self, digest: &str, bytes: &[u8]) -> anyhow::Result<bool> {
@@ -221,12 +614,8 @@ impl Client {
             return Ok(false);
         }
         let url = self.url("blobs/uploads/");
-        let resp = self
-            .agent
-            .post(&url)
-            .send_empty()
-            .with_context(|| format!("POST {url}"))?;
-        let resp = expect(resp, "POST", &url, 202)?;
+        let resp = self.send("POST", &url, &[], Some(&[]))?;
+        let resp = self.expect(resp, "POST", &url, 202)?;
         let loc = resp
             .headers()
             .get("location")
@@ -235,25 +624,25 @@ impl Client {
         let loc = self.location(loc);
         let sep = if loc.contains('?') { '&' } else { '?' };
         let put = format!("{loc}{sep}digest={digest}");
-        let resp = self
-            .agent
-            .put(&put)
-            .header("Content-Type", "application/octet-stream")
-            .send(bytes)
-            .with_context(|| format!("PUT {put}"))?;
-        expect(resp, "PUT", &put, 201)?;
+        let resp = self.send(
+            "PUT",
+            &put,
+            &[("Content-Type", "application/octet-stream")],
+            Some(bytes),
+        )?;
+        self.expect(resp, "PUT", &put, 201)?;
         Ok(true)
     }
 
     fn put_manifest(&self, reference: &str, body: &[u8]) -> anyhow::Result<Option<String>> {
         let url = self.url(&format!("manifests/{reference}"));
-        let resp = self
-            .agent
-            .put(&url)
-            .header("Content-Type", MANIFEST_MEDIA_TYPE)
-            .send(body)
-            .with_context(|| format!("PUT {url}"))?;
-        let resp = expect(resp, "PUT", &url, 201)?;
+        let resp = self.send(
+            "PUT",
+            &url,
+            &[("Content-Type", MANIFEST_MEDIA_TYPE)],
+            Some(body),
+        )?;
+        let resp = self.expect(resp, "PUT", &url, 201)?;
         Ok(resp
             .headers()
             .get("docker-content-digest")
@@ -263,13 +652,8 @@ impl Client {
 
     fn get_manifest(&self, reference: &str) -> anyhow::Result<(Vec<u8>, Option<String>)> {
         let url = self.url(&format!("manifests/{reference}"));
-        let resp = self
-            .agent
-            .get(&url)
-            .header("Accept", MANIFEST_MEDIA_TYPE)
-            .call()
-            .with_context(|| format!("GET {url}"))?;
-        let mut resp = expect(resp, "GET", &url, 200)?;
+        let resp = self.send("GET", &url, &[("Accept", MANIFEST_MEDIA_TYPE)], None)?;
+        let mut resp = self.expect(resp, "GET", &url, 200)?;
         let header = resp
             .headers()
             .get("docker-content-digest")
@@ -286,12 +670,8 @@ impl Client {
 
     fn get_blob(&self, digest: &str, size: u64) -> anyhow::Result<Vec<u8>> {
         let url = self.url(&format!("blobs/{digest}"));
-        let resp = self
-            .agent
-            .get(&url)
-            .call()
-            .with_context(|| format!("GET {url}"))?;
-        let resp = expect(resp, "GET", &url, 200)?;
+        let resp = self.send("GET", &url, &[], None)?;
+        let resp = self.expect(resp, "GET", &url, 200)?;
         let mut bytes = Vec::new();
         resp.into_body()
             .into_reader()
@@ -310,40 +690,47 @@ impl Client {
         }
         Ok(bytes)
     }
-}
 
-/// Refuses a response whose status is not `want`, with the registry's error text.
-fn expect(
-    mut resp: ureq::http::Response<ureq::Body>,
-    method: &str,
-    url: &str,
-    want: u16,
-) -> anyhow::Result<ureq::http::Response<ureq::Body>> {
-    let status = resp.status();
-    if status.as_u16() == want || (want == 200 && status.is_success()) {
-        return Ok(resp);
-    }
-    let body = resp
-        .body_mut()
-        .with_config()
-        .limit(64 * 1024)
-        .read_to_string()
-        .unwrap_or_default();
-    let hint = match status.as_u16() {
-        401 | 403 => " (registries that need a login are not supported yet)",
-        404 if method == "GET" => " (no such repository, tag or blob)",
-        _ => "",
-    };
-    bail!(
-        "{method} {url}: HTTP {} {}{hint}{}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        if body.trim().is_empty() {
-            String::new()
-        } else {
-            format!(": {}", body.trim())
+    /// Refuses a response whose status is not `want`, with the registry's error text.
+    fn expect(
+        &self,
+        mut resp: ureq::http::Response<ureq::Body>,
+        method: &str,
+        url: &str,
+        want: u16,
+    ) -> anyhow::Result<ureq::http::Response<ureq::Body>> {
+        let status = resp.status();
+        if status.as_u16() == want || (want == 200 && status.is_success()) {
+            return Ok(resp);
         }
-    )
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_string()
+            .unwrap_or_default();
+        let hint = match (status.as_u16(), &self.credentials) {
+            (401 | 403, Some(c)) => format!(
+                " ({} refused access to {} {})",
+                self.registry,
+                self.repository,
+                self.who(c)
+            ),
+            (401 | 403, None) => format!(" ({})", self.how_to_login()),
+            (404, _) if method == "GET" => " (no such repository, tag or blob)".to_string(),
+            _ => String::new(),
+        };
+        bail!(
+            "{method} {url}: HTTP {} {}{hint}{}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            if body.trim().is_empty() {
+                String::new()
+            } else {
+                format!(": {}", body.trim())
+            }
+        )
+    }
 }
 
 fn descriptor(media_type: &str, bytes: &[u8], title: &str, extra: &[(&str, &str)]) -> Value {
@@ -442,8 +829,8 @@ pub fn push(dir: &Path, r: &OciRef, opts: &OciOptions) -> anyhow::Result<PushRep
     });
     let body = serde_json::to_vec_pretty(&oci_manifest)?;
     let digest = format!("sha256:{}", sha256_hex(&body));
-    let client = Client::new(&r, opts);
     let ctx = || format!("push {} to {r}", manifest.id());
+    let client = Client::new(&r, opts, true).with_context(ctx)?;
     let mut uploaded = 0;
     let mut bytes = 0;
     let config_digest = format!("sha256:{}", sha256_hex(&config));
@@ -480,7 +867,7 @@ pub fn push(dir: &Path, r: &OciRef, opts: &OciOptions) -> anyhow::Result<PushRep
 pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullReport> {
     let started = Instant::now();
     let ctx = || format!("pull {r}");
-    let client = Client::new(r, opts);
+    let client = Client::new(r, opts, false).with_context(ctx)?;
     let (body, told) = client.get_manifest(r.reference()?).with_context(ctx)?;
     let digest = format!("sha256:{}", sha256_hex(&body));
     if let Some(want) = &r.digest {
@@ -651,5 +1038,44 @@ mod tests {
             let err = OciRef::parse(bad).unwrap_err().to_string();
             assert!(err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn base64_and_challenges() {
+        for text in ["", "a", "ab", "abc", "user:pa:ss", "ünïcode"] {
+            let enc = base64_encode(text.as_bytes());
+            assert_eq!(base64_decode(&enc).unwrap(), text.as_bytes(), "{enc}");
+        }
+        assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64_decode("dXNlcjpwYXNz").unwrap(), b"user:pass");
+        assert!(base64_decode("not base64!").is_none());
+        let (scheme, params) = parse_challenge(
+            r#"Bearer realm="https://ghcr.io/token",service="ghcr.io",scope="repository:o/x:pull,push""#,
+        );
+        assert_eq!(scheme, "bearer");
+        let p: Vec<(&str, &str)> = params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            p,
+            [
+                ("realm", "https://ghcr.io/token"),
+                ("service", "ghcr.io"),
+                ("scope", "repository:o/x:pull,push")
+            ]
+        );
+        let (scheme, params) = parse_challenge(r#"Basic realm="a \"quoted\" realm", x=y"#);
+        assert_eq!(scheme, "basic");
+        assert_eq!(params[0].1, r#"a "quoted" realm"#);
+        assert_eq!(params[1], ("x".to_string(), "y".to_string()));
+        assert_eq!(registry_key("https://index.docker.io/v1/"), "docker.io");
+        assert_eq!(registry_key("GHCR.io"), "ghcr.io");
+        let c = Credentials {
+            user: "u".into(),
+            password: "secret".into(),
+            source: "test".into(),
+        };
+        assert!(!format!("{c:?}").contains("secret"));
     }
 }

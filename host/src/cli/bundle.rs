@@ -170,6 +170,53 @@ pub struct RegistryArgs {
     /// Plain HTTP to a registry that is not on loopback.
     #[arg(long)]
     insecure: bool,
+    /// Log in to the registry as USER, the password (or access token) read from stdin with
+    /// --password-stdin, else from $MAPORL_REGISTRY_PASSWORD. Without --user: the login in
+    /// $MAPORL_REGISTRY_USER + $MAPORL_REGISTRY_PASSWORD, else in ~/.docker/config.json
+    /// (`docker login`), else anonymous.
+    #[arg(long)]
+    user: Option<String>,
+    /// Read the password for --user from stdin (one line).
+    #[arg(long, requires = "user")]
+    password_stdin: bool,
+}
+
+impl RegistryArgs {
+    fn options(&self) -> anyhow::Result<oci::OciOptions> {
+        let credentials = match &self.user {
+            None => None,
+            Some(user) => {
+                let (password, source) = if self.password_stdin {
+                    let mut line = String::new();
+                    std::io::stdin()
+                        .read_line(&mut line)
+                        .context("reading the registry password from stdin")?;
+                    (
+                        line.trim_end_matches(['\r', '\n']).to_string(),
+                        "--user and --password-stdin",
+                    )
+                } else {
+                    let p = std::env::var(oci::PASSWORD_ENV).with_context(|| {
+                        format!(
+                            "--user {user}: give the password on stdin with --password-stdin, \
+                             or in {}",
+                            oci::PASSWORD_ENV
+                        )
+                    })?;
+                    (p, "--user and MAPORL_REGISTRY_PASSWORD")
+                };
+                Some(oci::Credentials {
+                    user: user.clone(),
+                    password,
+                    source: source.to_string(),
+                })
+            }
+        };
+        Ok(oci::OciOptions {
+            insecure: self.insecure,
+            credentials,
+        })
+    }
 }
 
 impl StoreArgs {
@@ -409,13 +456,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
                     v.manifest.id()
                 );
             }
-            let report = oci::push(
-                &dir,
-                &r,
-                &oci::OciOptions {
-                    insecure: registry.insecure,
-                },
-            )?;
+            let report = oci::push(&dir, &r, &registry.options()?)?;
             println!(
                 "pushed {} to {} ({} layers, {} of {} blobs uploaded, {} bytes, {:.2} s)\ndigest: {}",
                 v.manifest.id(),
@@ -446,13 +487,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
                     None => last.to_string(),
                 })
             });
-            let report = oci::pull(
-                &r,
-                &out,
-                &oci::OciOptions {
-                    insecure: registry.insecure,
-                },
-            )?;
+            let report = oci::pull(&r, &out, &registry.options()?)?;
             println!(
                 "pulled {r} into {}: {} files, {} bytes ({:.2} s)\ndigest: {}",
                 out.display(),
