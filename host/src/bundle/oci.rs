@@ -333,7 +333,21 @@ fn is_loopback_host(host_port: &str) -> bool {
         Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
         _ => host_port,
     };
-    matches!(host, "localhost" | "127.0.0.1" | "[::1]") || host.starts_with("127.")
+    // An address, not a name that merely starts like one (`127.evil.example`).
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The `host[:port]` of an absolute http(s) URL.
+fn url_authority(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    Some(rest.split(['/', '?', '#']).next().unwrap_or(rest))
 }
 
 /// What a push did.
@@ -444,8 +458,12 @@ impl Client {
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
-            if let Some(a) = self.auth.borrow().as_deref() {
-                req = req.header("Authorization", a);
+            // The login or token is for the registry only, never for another host a
+            // `Location` may point to (e.g. a storage backend).
+            if url_authority(url) == url_authority(&self.base) {
+                if let Some(a) = self.auth.borrow().as_deref() {
+                    req = req.header("Authorization", a);
+                }
             }
             let resp = match body {
                 Some(b) => self.agent.run(req.body(b)?),
@@ -1014,6 +1032,27 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_addresses_count_as_loopback_and_logins_stay_on_the_registry() {
+        for h in ["localhost:5000", "127.0.0.1", "127.0.0.2:80", "[::1]:5000"] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "127.evil.example",
+            "127.0.0.1.attacker.net:80",
+            "ghcr.io",
+            "10.0.0.1",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+        assert_eq!(url_authority("https://ghcr.io/v2/x?y"), Some("ghcr.io"));
+        assert_eq!(url_authority("http://h:5000"), Some("h:5000"));
+        assert_ne!(
+            url_authority("https://storage.example/blob"),
+            url_authority("https://ghcr.io")
+        );
+    }
 
     #[test]
     fn references_parse() {
