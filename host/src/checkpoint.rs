@@ -51,15 +51,17 @@ impl Checkpoints {
         if !staging.path().join(STATE_FILE).is_file() {
             bail!("internal: a checkpoint was staged without its {STATE_FILE}");
         }
-        sync_dir(staging.path());
+        sync_tree(staging.path());
         let target = self.dir.join(Self::name(step));
         let staged = staging.keep();
         if target.exists() {
             // Re-saving the same step (e.g. Ctrl-C right after a periodic checkpoint).
             let old = self.dir.join(format!(".old-{}", Self::name(step)));
             let _ = std::fs::remove_dir_all(&old);
-            std::fs::rename(&target, &old)?;
-            std::fs::rename(&staged, &target)?;
+            std::fs::rename(&target, &old)
+                .with_context(|| format!("moving {} aside", target.display()))?;
+            std::fs::rename(&staged, &target)
+                .with_context(|| format!("moving the checkpoint into {}", target.display()))?;
             let _ = std::fs::remove_dir_all(&old);
         } else {
             std::fs::rename(&staged, &target)
@@ -99,6 +101,7 @@ impl Checkpoints {
     /// The checkpoint to resume from: the one `latest` names when it is complete, else the
     /// newest complete one.
     pub fn latest(&self) -> anyhow::Result<Option<(usize, PathBuf)>> {
+        self.recover();
         let all = self.list()?;
         if let Ok(name) = std::fs::read_to_string(self.dir.join("latest")) {
             if let Some(found) = all.iter().find(|(_, p)| p.ends_with(name.trim())) {
@@ -108,9 +111,27 @@ impl Checkpoints {
         Ok(all.last().cloned())
     }
 
+    /// Puts back a checkpoint whose re-save was killed between its two renames: its
+    /// set-aside copy (`.old-step-N`) is then the only complete one.
+    fn recover(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if let Some(step) = name.strip_prefix(".old-") {
+                let target = self.dir.join(step);
+                if !target.exists() && entry.path().join(STATE_FILE).is_file() {
+                    let _ = std::fs::rename(entry.path(), &target);
+                }
+            }
+        }
+    }
+
     /// Removes staging leftovers of interrupted saves, and all but the newest `keep`
     /// complete checkpoints (`keep = 0` keeps all).
     pub fn prune(&self, keep: usize) -> anyhow::Result<()> {
+        self.recover();
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
@@ -132,6 +153,22 @@ impl Checkpoints {
         }
         Ok(())
     }
+}
+
+/// Flushes every file under `dir`, then the directories (best effort): a checkpoint renamed
+/// into place after this survives a power loss, not only a killed process.
+fn sync_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sync_tree(&path);
+            } else if let Ok(f) = std::fs::File::open(&path) {
+                let _ = f.sync_all();
+            }
+        }
+    }
+    sync_dir(dir);
 }
 
 /// Flushes a directory's entries to disk (best effort; a no-op where unsupported).
@@ -201,5 +238,22 @@ mod tests {
         assert_eq!(c.latest().unwrap().unwrap().0, 1);
         c.prune(0).unwrap();
         assert!(!staging.exists());
+
+        // A re-save of step 1 killed between moving the old copy aside and moving the new
+        // one in: the old copy comes back.
+        std::fs::rename(
+            c.dir().join("step-000001"),
+            c.dir().join(".old-step-000001"),
+        )
+        .unwrap();
+        let (step, path) = c.latest().unwrap().unwrap();
+        assert_eq!(
+            (step, path.file_name().unwrap().to_str().unwrap()),
+            (1, "step-000001")
+        );
+        assert_eq!(
+            std::fs::read_to_string(path.join("weights")).unwrap(),
+            "good"
+        );
     }
 }
