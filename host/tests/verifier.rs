@@ -238,7 +238,7 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
     let sha = maporl::verifier::checkpoint_sha256(&final_dir).unwrap();
 
     let served =
-        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, 4, 64).unwrap();
+        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, 4).unwrap();
     let responses: Vec<String> = ["\\boxed{3}", "The answer is \\boxed{4}.", "\\boxed{2}"]
         .map(String::from)
         .to_vec();
@@ -284,6 +284,7 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
         String::from_utf8_lossy(&out.stderr)
     );
     let transcripts = std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap();
+    assert!(transcripts.lines().count() > 0, "no transcripts");
     for line in transcripts.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(v["plugins"]["verifier_checkpoint"], sha.as_str());

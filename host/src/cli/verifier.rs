@@ -7,7 +7,7 @@ use anyhow::Context;
 use candle_core::DType;
 use clap::{Args, Subcommand};
 
-use super::run::{progress_bar, tasks, ConfigArgs, Setup};
+use super::run::{held_out, progress_bar, tasks, ConfigArgs, Setup};
 use crate::config::{expand_home, Config};
 use crate::verifier::data::{balance, sample_answers, write_jsonl};
 use crate::verifier::train::{train, TrainOptions};
@@ -62,7 +62,8 @@ pub fn run(cmd: VerifierCommand) -> anyhow::Result<()> {
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config, &args.config.overrides)?;
-    let tasks = tasks(&config)?;
+    // Never the evaluation set: a verifier trained on it would inflate held-out scores.
+    let (_, tasks) = held_out(tasks(&config)?, &config)?;
     let g = config.verifier.generate.clone();
     let mut setup = Setup::new(config)?;
     let (agents, turns) = (setup.config.debate.agents, setup.config.debate.turns);
@@ -139,9 +140,25 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         stop_after: args.stop_after,
         verbose: true,
     };
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-    crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    if args.resume {
+        // A resumed run must be the same run: only how long and how often to checkpoint
+        // may change.
+        super::train::check_config(&run_dir, &config)?;
+    } else {
+        if crate::checkpoint::Checkpoints::new(&run_dir)
+            .latest()?
+            .is_some()
+        {
+            anyhow::bail!(
+                "{} already holds checkpoints of a verifier run: continue it with --resume, \
+                 or choose another --out",
+                run_dir.display()
+            );
+        }
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+        crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    }
     let stop = super::interrupt::interrupt_flag();
     train(&opts, &stop)?;
     Ok(())

@@ -165,13 +165,9 @@ impl VerifierModel {
         ))
     }
 
-    /// A trained verifier: base `model` plus the adapter and head in `checkpoint`.
-    pub fn load(
-        model: &Path,
-        checkpoint: &Path,
-        dtype: DType,
-        max_response_tokens: usize,
-    ) -> anyhow::Result<VerifierModel> {
+    /// A trained verifier: base `model` plus the adapter and head in `checkpoint`; responses
+    /// are cut to the length it was trained with (`verifier.json`).
+    pub fn load(model: &Path, checkpoint: &Path, dtype: DType) -> anyhow::Result<VerifierModel> {
         if !checkpoint.is_dir() {
             bail!(
                 "verifier.checkpoint: {} is not a directory (expected a `maporl verifier \
@@ -179,9 +175,10 @@ impl VerifierModel {
                 checkpoint.display()
             );
         }
-        let (mut agent, prompter) = Self::base(model, dtype, max_response_tokens)?;
-        let hidden = agent.base.config().hidden_size;
         let meta = read_meta(checkpoint)?;
+        // Responses are cut as in training, or the scores would mean something else.
+        let (mut agent, prompter) = Self::base(model, dtype, meta.max_response_tokens)?;
+        let hidden = agent.base.config().hidden_size;
         if meta.hidden_size != hidden {
             bail!(
                 "verifier checkpoint {} was trained on a model with hidden size {} ({}), but \
@@ -321,10 +318,9 @@ impl LearnedVerifier {
         checkpoint: &Path,
         dtype: DType,
         batch_size: usize,
-        max_response_tokens: usize,
     ) -> anyhow::Result<LearnedVerifier> {
         let sha256 = checkpoint_sha256(checkpoint)?;
-        let model = VerifierModel::load(model, checkpoint, dtype, max_response_tokens)?;
+        let model = VerifierModel::load(model, checkpoint, dtype)?;
         Ok(LearnedVerifier {
             model: Mutex::new(model),
             batch_size,
@@ -355,7 +351,6 @@ impl LearnedVerifier {
             &expand_home(&v.checkpoint),
             dtype,
             v.batch_size,
-            v.max_response_tokens,
         )
         .context("in the config's [verifier] section")
         .map(Some)
@@ -377,31 +372,31 @@ impl LearnedVerifier {
             .probabilities(pairs, self.batch_size)
     }
 
-    /// Scores the pairs not in the cache and adds them to it.
-    fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<()> {
-        let missing: Vec<(&str, &str)> = {
-            let cache = self.cache.lock().unwrap();
-            let mut seen = std::collections::HashSet::new();
-            pairs
-                .iter()
-                .filter(|(q, r)| !cache.contains_key(&(q.to_string(), r.to_string())))
-                .filter(|p| seen.insert(**p))
-                .copied()
-                .collect()
-        };
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let probs = self
-            .model
-            .lock()
-            .unwrap()
-            .probabilities(&missing, self.batch_size)?;
+    /// Scores the pairs not in the cache, adds them to it, and returns every pair's score.
+    /// The cache stays locked throughout, so a concurrent prefetch cannot empty it between.
+    fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
         let mut cache = self.cache.lock().unwrap();
-        for ((q, r), p) in missing.into_iter().zip(probs) {
-            cache.insert((q.to_string(), r.to_string()), p);
+        let mut seen = std::collections::HashSet::new();
+        let missing: Vec<(&str, &str)> = pairs
+            .iter()
+            .filter(|(q, r)| !cache.contains_key(&(q.to_string(), r.to_string())))
+            .filter(|p| seen.insert(**p))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            let probs = self
+                .model
+                .lock()
+                .unwrap()
+                .probabilities(&missing, self.batch_size)?;
+            for ((q, r), p) in missing.into_iter().zip(probs) {
+                cache.insert((q.to_string(), r.to_string()), p);
+            }
         }
-        Ok(())
+        Ok(pairs
+            .iter()
+            .map(|(q, r)| cache[&(q.to_string(), r.to_string())])
+            .collect())
     }
 }
 
@@ -409,17 +404,13 @@ impl Judge for LearnedVerifier {
     fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
         let pairs: Vec<(&str, &str)> = responses.iter().map(|r| (question, r.as_str())).collect();
         self.fill(&pairs)
-            .map_err(|e| format!("the learned verifier failed: {e:#}"))?;
-        let cache = self.cache.lock().unwrap();
-        Ok(pairs
-            .iter()
-            .map(|(q, r)| cache[&(q.to_string(), r.to_string())])
-            .collect())
+            .map_err(|e| format!("the learned verifier failed: {e:#}"))
     }
 
     fn prefetch(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
         self.cache.lock().unwrap().clear();
         self.fill(pairs)
+            .map(|_| ())
             .map_err(|e| format!("the learned verifier failed: {e:#}"))
     }
 

@@ -175,9 +175,9 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                     "cannot resume from {}: it was trained on other data (sha256 {}, {} is now \
                      {})",
                     dir.display(),
-                    &st.data_sha256[..12],
+                    st.data_sha256.get(..12).unwrap_or(&st.data_sha256),
                     opts.data.display(),
-                    &data_sha256[..12]
+                    data_sha256.get(..12).unwrap_or(&data_sha256)
                 );
             }
             restore(&model, &mut optimizer, &dir, hidden, opts.dtype)?;

@@ -89,11 +89,14 @@ pub fn plugin_change(saved: &PluginHashes, now: &PluginHashes, dir: &Path) -> St
     )
 }
 
-/// Keys a resume may change: how long to train and how often to checkpoint.
+/// Keys a resume may change: how long to train (the PPO trainer's steps) and how often to
+/// checkpoint.
 const RESUMABLE_CHANGES: &[&str] = &[
     "train.steps",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "verifier.train.checkpoint_every",
+    "verifier.train.keep_checkpoints",
 ];
 
 /// Refuses a resume whose config differs from the run's `config.toml` in anything but
