@@ -446,6 +446,13 @@ impl Config {
         if t.schedule == "turn-based" && self.debate.turns < 2 {
             bail!("train.schedule = \"turn-based\" needs debate.turns >= 2");
         }
+        if t.schedule == "turn-based" && t.adapter_from_turn > 2 {
+            bail!(
+                "train.schedule = \"turn-based\" trains turn 2 first, but \
+                 train.adapter_from_turn = {} leaves turn 2 to the base model",
+                t.adapter_from_turn
+            );
+        }
         if !(t.sft.top_fraction > 0.0 && t.sft.top_fraction <= 1.0) {
             bail!(
                 "train.sft.top_fraction = {}: expected a fraction in (0, 1]",

@@ -340,6 +340,15 @@ impl Base {
         }
         let vb = VarBuilder::from_varmap(&varmap, self.dtype, &self.device);
         let base = Base::new(&self.cfg, vb).context("building the trainable copy")?;
+        // A name `Base::new` asked for that `named_weights` did not list would have been
+        // created with random values: refuse rather than train a half-random model.
+        let made = varmap.all_vars().len();
+        if made != named.len() {
+            anyhow::bail!(
+                "internal: the trainable copy has {made} weights, {} were copied",
+                named.len()
+            );
+        }
         Ok((base, named))
     }
 

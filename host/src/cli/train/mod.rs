@@ -6,6 +6,8 @@
 mod sft;
 mod state;
 
+pub(crate) use state::check_config;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -470,6 +472,15 @@ impl Trainer {
                 .join(format!("agent-{}", l.agent))
                 .join("optimizer.safetensors");
             l.optimizer.load(&path)?;
+            if l.optimizer.steps() != s.optimizer_steps {
+                bail!(
+                    "{}: {} optimizer steps, but {} records {}",
+                    path.display(),
+                    l.optimizer.steps(),
+                    dir.join(crate::checkpoint::STATE_FILE).display(),
+                    s.optimizer_steps
+                );
+            }
             l.kl = s.kl.clone();
         }
         self.setup

@@ -69,7 +69,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", metrics_path.display()))?;
     let t = &cfg.train;
     for a in 0..cfg.debate.agents {
-        let samples = samples_of(&kept, a);
+        // Turns before `adapter_from_turn` are spoken by the base, not the adapter.
+        let samples: Vec<_> = samples_of(&kept, a)
+            .into_iter()
+            .filter(|s| s.turn >= t.adapter_from_turn)
+            .collect();
         if samples.is_empty() {
             eprintln!("agent {a} has no utterances in the kept debates; it stays untrained");
             continue;
