@@ -25,7 +25,7 @@ pub struct Manifest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BundleInfo {
-    /// Lower-case letters, digits and `-`; what run configs name (`NAME/component@req`).
+    /// Lower-case letters, digits, `-` and `_` (see [`check_name`]); what run configs name (`NAME/component@req`).
     pub name: String,
     /// A semver version, e.g. "0.1.0".
     pub version: String,
