@@ -918,6 +918,10 @@ fn push_and_pull_through_a_real_oci_registry() {
     assert!(out.contains("warning: plain@0.2.0 is unsigned"), "{out}");
     let out = env.fails(&["bundle", "pull", &plain_ref, "--out", "plain-pulled"]);
     assert!(out.contains("is unsigned"), "{out}");
+    assert!(
+        out.contains("failed verification") && !env.path("plain-pulled").exists(),
+        "a refused bundle is not left behind: {out}"
+    );
     env.ok(&[
         "bundle",
         "pull",

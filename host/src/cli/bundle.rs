@@ -497,8 +497,18 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
                 report.digest
             );
             let policy = trust.policy();
-            let v = bundle::verify(&runtime()?, &out, &policy)
-                .with_context(|| format!("pulled into {}, but", out.display()))?;
+            // What fails verification is not left where it could be used by mistake (the
+            // pull made `out`, new or empty, for it).
+            let v = match bundle::verify(&runtime()?, &out, &policy) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&out);
+                    return Err(e.context(format!(
+                        "pulled {r}, but it failed verification; {} was removed",
+                        out.display()
+                    )));
+                }
+            };
             print_verified(&v, &policy);
             if install {
                 let dest = store.store().install(&v, force)?;
