@@ -167,6 +167,22 @@ impl Setup {
     }
 }
 
+/// Scores `debates` and writes the report to `path` (atomically), with the learned
+/// verifier's checkpoint hash when one scored them.
+pub(crate) fn write_report(
+    path: &Path,
+    debates: &[Debate],
+    hashes: &PluginHashes,
+) -> anyhow::Result<crate::eval::Report> {
+    let report = crate::eval::evaluate(debates);
+    let mut json = serde_json::to_value(&report)?;
+    if let (Some(sha), Some(obj)) = (&hashes.verifier_checkpoint, json.as_object_mut()) {
+        obj.insert("verifier_checkpoint_sha256".into(), sha.clone().into());
+    }
+    write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    Ok(report)
+}
+
 /// Splits the selected tasks into the evaluation set (the first `data.held_out`) and the
 /// training set (the rest); without a held-out set both are every task.
 pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>, Vec<Task>)> {
@@ -242,15 +258,7 @@ pub fn evaluate(config: Config) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let hashes = PluginHashes::of(&setup.plugins);
     debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
-    let report = crate::eval::evaluate(&debates);
-    let mut json = serde_json::to_value(&report)?;
-    if let (Some(sha), Some(obj)) = (&hashes.verifier_checkpoint, json.as_object_mut()) {
-        obj.insert("verifier_checkpoint_sha256".into(), sha.clone().into());
-    }
-    write_atomic(
-        &run_dir.join("eval.json"),
-        serde_json::to_string_pretty(&json)?.as_bytes(),
-    )?;
+    let report = write_report(&run_dir.join("eval.json"), &debates, &hashes)?;
     println!("{}", report.table());
     let utterances: usize = debates.iter().map(|d| d.speeches.len()).sum();
     let tokens: usize = debates

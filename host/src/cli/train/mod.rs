@@ -540,12 +540,11 @@ fn evaluate_held_out(
         &debates,
         &hashes,
     )?;
-    let report = crate::eval::evaluate(&debates);
-    write_atomic(
+    super::run::write_report(
         &run_dir.join(format!("eval-{name}.json")),
-        serde_json::to_string_pretty(&report)?.as_bytes(),
-    )?;
-    Ok(report)
+        &debates,
+        &hashes,
+    )
 }
 
 /// Prints the held-out tables before and after training, from the run's files.
