@@ -155,6 +155,59 @@ impl Checkpoints {
     }
 }
 
+/// Fills a staging directory beside `dir` and renames it into place, so that a failure
+/// leaves the old `dir` (or none) rather than half of a new one (e.g. `checkpoints/final`).
+pub fn replace_dir(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let parent = dir
+        .parent()
+        .context("a directory to replace needs a parent")?;
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(parent)
+        .with_context(|| format!("creating a staging directory in {}", parent.display()))?;
+    fill(staging.path())?;
+    sync_tree(staging.path());
+    let staged = staging.keep();
+    if dir.exists() {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let old = parent.join(format!(".old-{name}"));
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::rename(dir, &old).with_context(|| format!("moving {} aside", dir.display()))?;
+        std::fs::rename(&staged, dir)
+            .with_context(|| format!("moving the new {} into place", dir.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(&staged, dir).with_context(|| format!("moving into {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Keeps the first `n` lines of `path` (rewritten atomically): on a resume, the metrics of
+/// steps after the checkpoint are redone.
+pub fn truncate_lines(path: &Path, n: usize) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() < n {
+        bail!(
+            "{} has {} lines but the checkpoint counts {n} lines of metrics",
+            path.display(),
+            lines.len()
+        );
+    }
+    let mut kept = lines[..n].join("\n");
+    if n > 0 {
+        kept.push('\n');
+    }
+    write_atomic(path, kept.as_bytes())
+}
+
 /// Flushes every file under `dir`, then the directories (best effort): a checkpoint renamed
 /// into place after this survives a power loss, not only a killed process.
 fn sync_tree(dir: &Path) {

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::data::{read_jsonl, Sample};
 use super::metrics::Validation;
 use super::{Meta, VerifierModel, HEAD_FILE, META_FILE};
-use crate::checkpoint::{Checkpoints, STATE_FILE};
+use crate::checkpoint::{replace_dir, truncate_lines, Checkpoints, STATE_FILE};
 use crate::config::{write_atomic, VerifierTrainConfig};
 use crate::model::{Lora, LoraConfig, ValueHead};
 use crate::ppo::{learning_rate, AgentOptimizer};
@@ -422,32 +422,4 @@ fn restore(
         var.set(saved.as_tensor())?;
     }
     optimizer.load(&dir.join(OPTIMIZER_FILE))
-}
-
-fn truncate_lines(path: &Path, lines: usize) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let kept: String = text.split_inclusive('\n').take(lines).collect();
-    write_atomic(path, kept.as_bytes())
-}
-
-/// Fills a staging directory next to `dir`, then swaps it into place.
-fn replace_dir(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    let parent = dir.parent().context("internal: no parent dir")?;
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(parent)?;
-    fill(staging.path())?;
-    let staged = staging.keep();
-    if dir.exists() {
-        let old = parent.join(".old-final");
-        let _ = std::fs::remove_dir_all(&old);
-        std::fs::rename(dir, &old)?;
-        std::fs::rename(&staged, dir)?;
-        let _ = std::fs::remove_dir_all(&old);
-    } else {
-        std::fs::rename(&staged, dir)
-            .with_context(|| format!("moving the verifier into {}", dir.display()))?;
-    }
-    Ok(())
 }

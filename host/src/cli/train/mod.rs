@@ -20,7 +20,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::run::{held_out, tasks, ConfigArgs, Setup};
-use crate::checkpoint::Checkpoints;
+use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::{write_atomic, Config};
 use crate::debate::{self, Debate, PluginHashes};
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
@@ -490,7 +490,7 @@ impl Trainer {
         self.step = st.step;
         self.cursor = st.data_cursor;
         self.metrics_lines = st.metrics_lines;
-        state::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
+        crate::checkpoint::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
         eprintln!(
             "resuming after step {} of {} from {}",
             st.step,
@@ -557,23 +557,6 @@ fn print_before_after(run_dir: &Path) -> anyhow::Result<()> {
             .with_context(|| format!("{} is not an evaluation report", path.display()))?;
         println!("held-out tasks, {name} training:\n{}", report.table());
     }
-    Ok(())
-}
-
-/// Fills a temporary directory beside `dir` and renames it into place, so that a failure
-/// leaves the old `dir` (or none) rather than half of a new one.
-fn replace_dir(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    let parent = dir
-        .parent()
-        .context("a directory to replace needs a parent")?;
-    std::fs::create_dir_all(parent)?;
-    let tmp = tempfile::tempdir_in(parent)?;
-    fill(tmp.path())?;
-    let staged = tmp.keep();
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::rename(&staged, dir).with_context(|| format!("moving into {}", dir.display()))?;
     Ok(())
 }
 

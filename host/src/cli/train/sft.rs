@@ -13,8 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::super::run::{held_out, tasks, Setup};
-use super::replace_dir;
-use crate::checkpoint::Checkpoints;
+use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::{write_atomic, Config};
 use crate::debate::{self, Debate, PluginHashes};
 use crate::model::{score, Lora, LoraConfig};

@@ -137,25 +137,6 @@ fn diff(a: &toml::Table, b: &toml::Table, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Keeps the first `n` lines of `path` (rewritten atomically): the metrics of steps after
-/// the checkpoint are redone by the resumed run.
-pub fn truncate_lines(path: &Path, n: usize) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    if lines.len() < n {
-        bail!(
-            "{} has {} lines but the checkpoint counts {n} steps of metrics",
-            path.display(),
-            lines.len()
-        );
-    }
-    let mut kept = lines[..n].join("\n");
-    if n > 0 {
-        kept.push('\n');
-    }
-    write_atomic(path, kept.as_bytes())
-}
-
 /// A test hook: with `MAPORL_TEST_STALL_CHECKPOINT=<step>`, the checkpoint of that step
 /// stops halfway through being written (tensors staged, state not yet), drops a
 /// `checkpoint-stalled` marker in the run dir and waits to be killed. The tests use it to
