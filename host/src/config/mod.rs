@@ -101,6 +101,22 @@ impl Default for SftConfig {
     }
 }
 
+/// LoRA on every attention and MLP projection (PAPER.md §5): the default for the agents and
+/// the learned verifier.
+pub(crate) fn all_projections() -> Vec<String> {
+    [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         // PAPER.md §5: LoRA r8 alpha16 on q,k,v,o,gate,up,down; lambda_KL 0.002.
@@ -109,17 +125,7 @@ impl Default for TrainConfig {
             steps: 10,
             lora_r: 8,
             lora_alpha: 16.0,
-            lora_targets: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            lora_targets: all_projections(),
             kl_coef: 0.002,
             kl_target: None,
             kl_horizon: 10_000.0,

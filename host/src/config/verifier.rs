@@ -4,6 +4,8 @@
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
+use super::all_projections;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifierConfig {
@@ -91,17 +93,7 @@ impl Default for VerifierTrainConfig {
             max_grad_norm: 1.0,
             lora_r: 16,
             lora_alpha: 32.0,
-            lora_targets: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            lora_targets: all_projections(),
             val_fraction: 0.1,
             checkpoint_every: 100,
             keep_checkpoints: 3,
