@@ -689,6 +689,7 @@ fn held_out_tasks_are_evaluated_before_and_after_and_never_trained_on() {
     );
 }
 
+#[cfg(unix)]
 #[test]
 fn ctrl_c_checkpoints_after_the_step_in_progress_and_the_run_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -700,26 +701,10 @@ fn ctrl_c_checkpoints_after_the_step_in_progress_and_the_run_resumes_exactly() {
         "train.checkpoint_every=100",
     ];
     let run = dir.path().join("interrupted");
-    let mut child = command(&run, &model, &steps, &[])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while std::fs::read_to_string(run.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before its first step"
-        );
-        assert!(started.elapsed().as_secs() < 300, "no step ended");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_after_first_metrics_line(
+        &mut command(&run, &model, &steps, &[]),
+        &run.join("metrics.jsonl"),
+    );
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("interrupted: checkpointing after this step")

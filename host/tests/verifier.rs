@@ -10,7 +10,7 @@ use maporl::config::VerifierTrainConfig;
 use maporl::verifier::data::{write_jsonl, Sample};
 use maporl::verifier::train::{train, TrainOptions};
 use rand::{Rng, SeedableRng};
-use support::write_tiny_qwen2;
+use support::{interrupt_after_first_metrics_line, write_tiny_qwen2};
 
 /// A synthetic task: "What is a + b?" (a, b in 1..=3), answered `\boxed{c}`; right when
 /// c = a + b. Telling right from wrong needs the question: every c appears in both classes.
@@ -714,39 +714,23 @@ fn verifier_train_interrupted_by_ctrl_c_checkpoints_and_resumes_exactly() {
     let epochs = ["--set", "verifier.train.epochs=100"];
 
     let run = dir.path().join("interrupted");
-    let mut child = verifier_cmd(
-        "train",
-        &model,
-        &[
+    let out = interrupt_after_first_metrics_line(
+        &mut verifier_cmd(
+            "train",
+            &model,
             &[
-                "--data",
-                data.to_str().unwrap(),
-                "--out",
-                run.to_str().unwrap(),
-            ],
-            &epochs[..],
-        ]
-        .concat(),
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    let started = std::time::Instant::now();
-    while std::fs::read_to_string(run.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before its first epoch"
-        );
-        assert!(started.elapsed().as_secs() < 300, "no epoch ended");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let out = child.wait_with_output().unwrap();
+                &[
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--out",
+                    run.to_str().unwrap(),
+                ],
+                &epochs[..],
+            ]
+            .concat(),
+        ),
+        &run.join("metrics.jsonl"),
+    );
     let text = output_text(&out);
     assert!(out.status.success(), "{text}");
     assert!(

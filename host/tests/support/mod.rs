@@ -241,3 +241,34 @@ pub fn tiny_llama<const V: usize>() -> maporl::model::Base {
     )
     .unwrap()
 }
+
+/// Spawns `cmd`, sends it SIGINT (as Ctrl-C would) once `metrics` has its first line, and
+/// waits for it to exit.
+pub fn interrupt_after_first_metrics_line(
+    cmd: &mut std::process::Command,
+    metrics: &Path,
+) -> std::process::Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(metrics).map_or(true, |m| m.is_empty()) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its first metrics line"
+        );
+        assert!(
+            started.elapsed().as_secs() < 300,
+            "no metrics line after 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    child.wait_with_output().unwrap()
+}
