@@ -35,7 +35,7 @@ echo "machine: $(nproc --all) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(
 rm -rf "$OUT/run" "$OUT/batches.jsonl"
 RAYON_NUM_THREADS="$THREADS" MAPORL_PLUGINS="$ROOT/plugins/target/wasm32-wasip2/release" \
     MAPORL_BENCH_PPO_BATCHES="$OUT/batches.jsonl" \
-    /usr/bin/time -v -o "$OUT/time.txt" "$OUT/maporl" train --config configs/quickstart-arith.toml \
+    /usr/bin/time -v -o "$OUT/time.txt" "$OUT/maporl" train --config configs/smollm2-arith.toml \
     --set run_dir="$OUT/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
     --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
 RSS_KB="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$OUT/time.txt")"

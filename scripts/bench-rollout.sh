@@ -12,6 +12,6 @@ bash scripts/fetch-smollm2.sh >/dev/null
 cargo build --release -q -p maporl
 cargo build --release -q --target wasm32-wasip2 --manifest-path plugins/Cargo.toml --target-dir plugins/target
 echo "machine: $(nproc --all) cores, $(lscpu | sed -n 's/^Model name: *//p'), threads $THREADS, $(date -u +%F)"
-RAYON_NUM_THREADS="$THREADS" ./target/release/maporl eval --config configs/quickstart-arith.toml \
+RAYON_NUM_THREADS="$THREADS" ./target/release/maporl eval --config configs/smollm2-arith.toml \
   --set run_dir="${RUN_DIR:-/tmp/maporl-bench-rollout}" --set data.count=8 \
   --set debate.agents=2 --set debate.turns=3 --set generation.max_new_tokens=96

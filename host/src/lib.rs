@@ -18,3 +18,4 @@ pub mod report;
 pub mod toy;
 pub mod transcript;
 pub mod verifier;
+pub mod warm_start;

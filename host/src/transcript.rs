@@ -34,6 +34,17 @@ pub enum Role {
     Assistant,
 }
 
+impl Role {
+    /// The role's name in chat templates.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
 /// One message of the conversation an agent is prompted with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {

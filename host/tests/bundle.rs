@@ -964,7 +964,7 @@ fn eval_with_bundle_references_writes_the_plugins_lock() {
     let dir = env.signed("arith", "0.1.0", Some(&key));
     env.ok(&["bundle", "install", s(&dir)]);
     let run = env.path("run");
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     let sets = [
         format!("model.path={}", smollm2().display()),
         format!("run_dir={}", run.display()),

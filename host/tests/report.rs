@@ -682,7 +682,7 @@ fn reports_real_training_and_evaluation_runs() {
     let model = dir.path().join("tiny-qwen2");
     std::fs::create_dir(&model).unwrap();
     write_tiny_qwen2(&model);
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     for (command, run) in [("train", "train-run"), ("eval", "eval-run")] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_maporl"));
         cmd.args([command, "--config", config.to_str().unwrap()]);

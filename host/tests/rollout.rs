@@ -19,7 +19,7 @@ fn maporl(args: &[&str]) -> Output {
 
 /// A small, fast eval: 3 arithmetic tasks, 2 agents, 2 turns, 12 new tokens.
 fn eval(run_dir: &Path, extra: &[&str]) -> Output {
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     let model = format!("model.path={}", smollm2().display());
     let run = format!("run_dir={}", run_dir.display());
     let mut args = vec![
@@ -171,7 +171,7 @@ fn a_plugin_failure_stops_the_run_or_drops_the_task() {
 
 #[test]
 fn debate_shows_one_debate_turn_by_turn() {
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     let model = format!("model.path={}", smollm2().display());
     let out = maporl(&[
         "debate",

@@ -20,7 +20,7 @@ fn run_train(
 }
 
 fn command(run: &Path, model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_maporl"));
     cmd.args(["train", "--config", config.to_str().unwrap()]);
     for set in [
@@ -519,7 +519,7 @@ fn full_finetuning_and_a_team_of_two_model_families() {
 /// `maporl eval` on the quickstart config shrunk like the training runs; returns each
 /// debate's utterance texts as (turn, agent, text).
 fn eval_texts(run: &Path, model: &Path, extra: &[&str]) -> Vec<Vec<(u64, u64, String)>> {
-    let config = repo().join("configs/quickstart-arith.toml");
+    let config = repo().join("configs/smollm2-arith.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
         .args(["eval", "--config", config.to_str().unwrap()])
         .args(["--set", &format!("model.path={}", model.display())])
@@ -601,7 +601,7 @@ fn eval_speaks_with_trained_adapters_from_the_configured_turn() {
     // A missing adapter is named with its agent.
     let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
         .args(["eval", "--config"])
-        .arg(repo().join("configs/quickstart-arith.toml"))
+        .arg(repo().join("configs/smollm2-arith.toml"))
         .args(["--set", &format!("model.path={}", model.display())])
         .args([
             "--set",

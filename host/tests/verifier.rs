@@ -199,7 +199,7 @@ fn a_learned_verifier_plugin_without_a_verifier_model_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
         .args(["eval", "--config"])
-        .arg(support::repo().join("configs/quickstart-arith.toml"))
+        .arg(support::repo().join("configs/smollm2-arith.toml"))
         .args(["--set", "model.path=/nonexistent/model"])
         .args([
             "--set",
@@ -264,7 +264,7 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
     let run = dir.path().join("eval");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
         .args(["eval", "--config"])
-        .arg(support::repo().join("configs/quickstart-arith.toml"))
+        .arg(support::repo().join("configs/smollm2-arith.toml"))
         .args(["--set", &format!("model.path={}", model.display())])
         .args(["--set", &format!("run_dir={}", run.display())])
         .args(["--set", "data.count=2", "--set", "debate.turns=1"])
@@ -391,7 +391,7 @@ fn bench_scoring_throughput_on_smollm2() {
 fn verifier_cmd(sub: &str, model: &std::path::Path, extra: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"));
     cmd.args(["verifier", sub, "--config"])
-        .arg(support::repo().join("configs/quickstart-arith.toml"));
+        .arg(support::repo().join("configs/smollm2-arith.toml"));
     for set in [
         format!("model.path={}", model.display()),
         format!("verifier.model={}", model.display()),

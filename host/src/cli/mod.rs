@@ -9,6 +9,7 @@ mod run;
 mod toy;
 mod train;
 mod verifier;
+mod warm_start;
 
 use std::path::PathBuf;
 
@@ -58,6 +59,9 @@ enum Command {
     /// An HTML page for a run directory: plots of accuracy per turn, transitions, reward
     /// parts and KL, and a browser for its debate transcripts.
     Report(report::ReportArgs),
+    /// Make the tiny model a config's `[warm_start]` section describes (the quickstart's
+    /// agents): a small decoder trained from scratch on scripted debates of the task.
+    WarmStart(warm_start::WarmStartArgs),
 }
 
 #[derive(Subcommand)]
@@ -85,6 +89,7 @@ pub fn main() -> i32 {
         Command::Demo(args) => demo::run(args),
         Command::Toy(args) => toy::run(args),
         Command::Report(args) => report::run(args),
+        Command::WarmStart(args) => warm_start::run(args),
     };
     match result {
         Ok(()) => 0,

@@ -17,7 +17,7 @@ use crate::transcript::Task;
 
 #[derive(Args)]
 pub struct ConfigArgs {
-    /// The run config (TOML), e.g. configs/quickstart-arith.toml.
+    /// The run config (TOML), e.g. configs/quickstart.toml.
     #[arg(long)]
     pub config: PathBuf,
     /// Override any config key, e.g. --set debate.turns=2 (repeatable).
@@ -51,41 +51,7 @@ pub(crate) struct Setup {
 
 impl Setup {
     pub fn new(config: Config) -> anyhow::Result<Setup> {
-        // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
-        let judge = crate::verifier::LearnedVerifier::from_config(&config)?.map(Arc::new);
-        let runtime = Runtime::new(RuntimeOptions {
-            seed: config.seed,
-            judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),
-            ..RuntimeOptions::default()
-        })?;
-        let p = &config.plugins;
-        // Paths or `bundle/component@req` references; bundles are checked against the
-        // config's trust policy and pinned by sha256 in `lock`.
-        let [protocol, verifier, shaper] = crate::bundle::resolve_plugins(&config)?;
-        let plugins = Plugins {
-            protocol: Protocol::load(
-                &runtime,
-                &protocol.path,
-                &protocol.settings,
-                &p.protocol.limits,
-            )?,
-            verifier: Verifier::load(
-                &runtime,
-                &verifier.path,
-                &verifier.settings,
-                &p.verifier.limits,
-            )?,
-            shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
-        };
-        let lock = PluginLock {
-            protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
-            verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
-            shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
-            verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
-                path: j.checkpoint().display().to_string(),
-                sha256: j.sha256().to_string(),
-            }),
-        };
+        let (plugins, lock) = load_plugins(&config)?;
         let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
             .map(|a| expand_home(config.agent_model(a)))
             .collect();
@@ -167,6 +133,47 @@ impl Setup {
     }
 }
 
+/// The config's three plugins, each in its own sandbox, and the lock that pins them (and
+/// the learned verifier's checkpoint, offered to plugins as `judge`).
+pub(crate) fn load_plugins(config: &Config) -> anyhow::Result<(Plugins, PluginLock)> {
+    // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
+    let judge = crate::verifier::LearnedVerifier::from_config(config)?.map(Arc::new);
+    let runtime = Runtime::new(RuntimeOptions {
+        seed: config.seed,
+        judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),
+        ..RuntimeOptions::default()
+    })?;
+    let p = &config.plugins;
+    // Paths or `bundle/component@req` references; bundles are checked against the
+    // config's trust policy and pinned by sha256 in `lock`.
+    let [protocol, verifier, shaper] = crate::bundle::resolve_plugins(config)?;
+    let plugins = Plugins {
+        protocol: Protocol::load(
+            &runtime,
+            &protocol.path,
+            &protocol.settings,
+            &p.protocol.limits,
+        )?,
+        verifier: Verifier::load(
+            &runtime,
+            &verifier.path,
+            &verifier.settings,
+            &p.verifier.limits,
+        )?,
+        shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
+    };
+    let lock = PluginLock {
+        protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
+        verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
+        shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
+        verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
+            path: j.checkpoint().display().to_string(),
+            sha256: j.sha256().to_string(),
+        }),
+    };
+    Ok((plugins, lock))
+}
+
 /// Scores `debates` and writes the report to `path` (atomically), with the learned
 /// verifier's checkpoint hash when one scored them.
 pub(crate) fn write_report(
@@ -208,9 +215,11 @@ pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
     let d = &config.data;
     let path = expand_home(&d.path);
     let all = match d.source.as_str() {
-        "arithmetic" => {
-            crate::data::arithmetic(d.offset + d.count.max(1), d.difficulty, config.seed)
-        }
+        "arithmetic" => crate::data::arithmetic(
+            d.offset + d.count.max(1),
+            d.difficulty,
+            d.seed.unwrap_or(config.seed),
+        ),
         "gsm8k" => crate::data::gsm8k(&path)?,
         "anli" => crate::data::anli(&path)?,
         "jsonl" => {

@@ -30,6 +30,59 @@ pub struct Config {
     pub train: TrainConfig,
     /// The learned verifier served through `judge`, and how to make one.
     pub verifier: VerifierConfig,
+    /// `maporl warm-start`: how the tiny model at `model.path` is made (none: the model
+    /// exists already).
+    pub warm_start: Option<WarmStartConfig>,
+}
+
+/// A tiny decoder the project trains from scratch on the config's task before MAPoRL
+/// (`maporl warm-start`): the llama architecture at the given size, a tokenizer learned from
+/// the task and the ChatML chat format, every weight trained on debates of scripted agents
+/// over the config's protocol. Written to `model.path`; nothing is downloaded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmStartConfig {
+    /// Tokens of the byte-level BPE tokenizer learned from the scripted debates (256 bytes,
+    /// then merges; digits stay single tokens).
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// Arithmetic questions the scripted teachers debate, and more that are drilled alone
+    /// (the question, then the right answer with its working; no chat format, so short); the
+    /// run's own questions (training and held-out) are in neither.
+    pub tasks: usize,
+    pub drills: usize,
+    /// The teachers' chance of a right turn-1 answer, and of adopting their peers' majority
+    /// answer at later turns when it differs from their own.
+    pub teacher_skill: f64,
+    pub teacher_persuadability: f64,
+    /// Optimizer steps on about `batch_tokens` tokens each: two in three on drills, the third
+    /// on debate utterances of one turn (the turns in cycle); AdamW at `lr` with linear
+    /// warmup over the first 5% and linear decay to 0.1x.
+    pub steps: usize,
+    pub batch_tokens: usize,
+    pub lr: f64,
+}
+
+impl Default for WarmStartConfig {
+    fn default() -> Self {
+        WarmStartConfig {
+            vocab_size: 1024,
+            hidden_size: 128,
+            intermediate_size: 512,
+            layers: 4,
+            heads: 4,
+            tasks: 2000,
+            drills: 6000,
+            teacher_skill: 0.8,
+            teacher_persuadability: 0.6,
+            steps: 800,
+            batch_tokens: 4096,
+            lr: 3e-3,
+        }
+    }
 }
 
 /// `maporl train`: who learns, for how long, with what adapter and PPO settings.
@@ -153,6 +206,9 @@ pub struct DataConfig {
     pub path: String,
     /// Arithmetic difficulty, 1-3.
     pub difficulty: u32,
+    /// Seeds the arithmetic questions (none: the run's `seed`), so runs with different
+    /// seeds can share one question set.
+    pub seed: Option<u64>,
     /// How many tasks to use (0: all; arithmetic: how many to generate).
     pub count: usize,
     /// Tasks to skip first.
@@ -264,6 +320,7 @@ impl Default for DataConfig {
             source: "arithmetic".into(),
             path: String::new(),
             difficulty: 1,
+            seed: None,
             count: 16,
             offset: 0,
             held_out: 0,
@@ -469,6 +526,16 @@ impl Config {
             bail!("train.ppo.epochs, minibatches and grad_accum must be at least 1");
         }
         self.verifier.validate()?;
+        if let Some(w) = &self.warm_start {
+            w.validate()?;
+            if self.data.source != "arithmetic" {
+                bail!(
+                    "warm_start: its scripted teachers answer arithmetic questions only, and \
+                     data.source = {:?}",
+                    self.data.source
+                );
+            }
+        }
         Ok(())
     }
 
@@ -507,6 +574,48 @@ impl Config {
             expand_home(&self.plugins.dir)
         };
         dir.join(path)
+    }
+}
+
+impl WarmStartConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        for (key, v) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("tasks", self.tasks),
+            ("steps", self.steps),
+            ("batch_tokens", self.batch_tokens),
+        ] {
+            if v == 0 {
+                bail!("warm_start.{key} = 0: expected at least 1");
+            }
+        }
+        if self.hidden_size % self.heads != 0 || (self.hidden_size / self.heads) % 2 != 0 {
+            bail!(
+                "warm_start.hidden_size = {} must split into warm_start.heads = {} heads of an \
+                 even size",
+                self.hidden_size,
+                self.heads
+            );
+        }
+        for (key, p) in [
+            ("teacher_skill", self.teacher_skill),
+            ("teacher_persuadability", self.teacher_persuadability),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                bail!("warm_start.{key} = {p}: expected a probability in [0, 1]");
+            }
+        }
+        if self.vocab_size < 260 {
+            bail!(
+                "warm_start.vocab_size = {}: expected at least 260 (256 bytes, the chat \
+                 format's special tokens and some merges)",
+                self.vocab_size
+            );
+        }
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ mod scripted;
 mod team;
 
 pub use record::{write_transcripts, PluginHashes};
-pub use scripted::ScriptedTeam;
+pub use scripted::{worked_answer, ScriptedTeam};
 pub use team::{ModelTeam, TeamOptions};
 
 use std::time::{Duration, Instant};

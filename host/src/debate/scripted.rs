@@ -77,10 +77,24 @@ impl ScriptedTeam {
                 }
             }
         };
-        format!(
-            "Working through \"{}\" step by step, I get {answer}.\nAnswer: \\boxed{{{answer}}}",
-            question.lines().next().unwrap_or_default()
-        )
+        worked_answer(&question, answer)
+    }
+}
+
+/// How the scripted agents answer `question` with `answer`: for "What is a + b?" the
+/// digit-by-digit working ("71 + 47: 1 + 7 = 8, 7 + 4 = 11, so 118."), then the boxed answer.
+/// The working is a + b's even when `answer` is not (a slip at the end).
+pub fn worked_answer(question: &str, answer: i64) -> String {
+    let first = question.lines().next().unwrap_or_default().trim();
+    let expr = first
+        .strip_prefix("What is ")
+        .and_then(|q| q.strip_suffix('?'));
+    match expr {
+        Some(expr) => match column_sums(expr) {
+            Some(steps) => format!("{expr}: {steps}, so {answer}.\nAnswer: \\boxed{{{answer}}}"),
+            None => format!("{expr} = {answer}\nAnswer: \\boxed{{{answer}}}"),
+        },
+        None => format!("I get {answer}.\nAnswer: \\boxed{{{answer}}}"),
     }
 }
 
@@ -105,6 +119,26 @@ impl Team for ScriptedTeam {
             })
             .collect())
     }
+}
+
+/// The digit-by-digit working of "a + b" for two numbers below 100: "8 + 5 = 13, 8 + 5 + 1
+/// = 14" for 88 + 55 (units, then tens with the carry). `None` for other expressions.
+fn column_sums(expr: &str) -> Option<String> {
+    let (a, b) = expr.split_once(" + ")?;
+    let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    if a >= 100 || b >= 100 {
+        return None;
+    }
+    let units = a % 10 + b % 10;
+    let carry = if units >= 10 { " + 1" } else { "" };
+    let tens = a / 10 + b / 10 + units / 10;
+    Some(format!(
+        "{} + {} = {units}, {} + {}{carry} = {tens}",
+        a % 10,
+        b % 10,
+        a / 10,
+        b / 10
+    ))
 }
 
 fn all_boxed_integers(text: &str) -> Vec<i64> {
@@ -151,6 +185,20 @@ mod tests {
         assert_eq!(majority(&[1, 2, 2]), Some(2));
         assert_eq!(majority(&[1, 2]), None);
         assert_eq!(majority(&[]), None);
+    }
+
+    #[test]
+    fn column_sums_work_digit_by_digit_with_the_carry() {
+        assert_eq!(
+            column_sums("88 + 55").as_deref(),
+            Some("8 + 5 = 13, 8 + 5 + 1 = 14")
+        );
+        assert_eq!(
+            column_sums("71 + 7").as_deref(),
+            Some("1 + 7 = 8, 7 + 0 = 7")
+        );
+        assert_eq!(column_sums("3 * 4 + 5"), None);
+        assert_eq!(column_sums("120 + 4"), None);
     }
 
     #[test]

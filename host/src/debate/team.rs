@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 
 use super::{Response, Team, TokenIds};
 use crate::model::{self, Agent, ChatTemplate, GenerateOptions, Sampler, SamplingParams};
-use crate::transcript::{ChatMessage, Role};
+use crate::transcript::ChatMessage;
 
 /// What an agent needs to talk: its model's tokenizer, chat template and stop tokens.
 struct Voice {
@@ -137,7 +137,7 @@ impl ModelTeam {
         for messages in conversations {
             let messages: Vec<model::ChatMessage> = messages
                 .iter()
-                .map(|m| model::ChatMessage::new(role_name(m.role), &m.content))
+                .map(|m| model::ChatMessage::new(m.role.name(), &m.content))
                 .collect();
             let text = voice.template.render(&messages, true)?;
             let ids = voice
@@ -231,14 +231,6 @@ impl Team for ModelTeam {
             .into_iter()
             .map(|r| r.expect("every request answered"))
             .collect())
-    }
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
     }
 }
 

@@ -1,0 +1,81 @@
+//! `maporl warm-start`: makes the tiny model a config's `[warm_start]` section describes and
+//! writes it to the config's `model.path`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::run::{load_plugins, tasks, ConfigArgs};
+use crate::config::{expand_home, Config};
+use crate::warm_start::{warm_start, Summary};
+
+#[derive(Args)]
+pub struct WarmStartArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Make the model again even if `model.path` already holds one made with these settings.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config.config, &args.config.overrides)?;
+    let out = expand_home(&config.model.path);
+    if config.warm_start.is_none() {
+        anyhow::bail!(
+            "{}: no [warm_start] section, so there is no model to make (model.path = {})",
+            args.config.config.display(),
+            out.display()
+        );
+    }
+    let exclude = tasks(&config)?;
+    if !args.force {
+        if let Some(done) = Summary::read(&out).filter(|s| s.matches(&config, &exclude)) {
+            println!(
+                "{} already holds this warm start ({} parameters, loss {:.3} -> {:.3}); \
+                 --force makes it again",
+                out.display(),
+                done.parameters,
+                done.first_loss,
+                done.last_loss
+            );
+            return Ok(());
+        }
+    }
+    let (mut plugins, _) = load_plugins(&config)?;
+    let ws = config.warm_start.as_ref().expect("checked above");
+    println!(
+        "warm start: a {}-layer, {}-wide decoder on {} scripted debates ({} agents x {} turns), \
+         {} steps of about {} tokens",
+        ws.layers,
+        ws.hidden_size,
+        ws.tasks,
+        config.debate.agents,
+        config.debate.turns,
+        ws.steps,
+        ws.batch_tokens
+    );
+    let every = (ws.steps / 10).max(1);
+    let mut window = Vec::new();
+    let summary = warm_start(&config, &mut plugins, &exclude, &out, |step, loss| {
+        window.push(loss);
+        if (step + 1) % every == 0 {
+            println!(
+                "  step {:>5}: loss {:.4}",
+                step + 1,
+                window.iter().sum::<f64>() / window.len() as f64
+            );
+            window.clear();
+        }
+    })?;
+    println!(
+        "wrote {} ({} parameters, {} utterances, loss {:.3} -> {:.3}, {:.0} s)",
+        PathBuf::from(&out).display(),
+        summary.parameters,
+        summary.utterances,
+        summary.first_loss,
+        summary.last_loss,
+        summary.seconds
+    );
+    Ok(())
+}
