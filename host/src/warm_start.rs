@@ -130,7 +130,7 @@ pub fn warm_start(
             .to_vec())
     };
     // (prompt, response) token ids per utterance, grouped by turn so a batch pads little.
-    let mut by_turn: HashMap<u32, Vec<(Vec<u32>, Vec<u32>)>> = HashMap::new();
+    let mut by_turn: HashMap<u32, Vec<Pair>> = HashMap::new();
     for (turn, prompt, response) in &texts {
         let mut response = encode(response)?;
         response.push(eos);
@@ -232,6 +232,9 @@ fn fingerprint(tasks: &[Task]) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// A (prompt, response) pair of token ids.
+type Pair = (Vec<u32>, Vec<u32>);
+
 /// ChatML, the chat format of Qwen2 and SmolLM2, without a default system prompt.
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 const START: &str = "<|im_start|>";
@@ -295,7 +298,9 @@ fn teacher_tasks(count: usize, config: &Config, exclude: &[Task]) -> Vec<Task> {
     let mut out = Vec::with_capacity(count);
     // A stream of its own, so the teachers' questions are not the run's questions reordered.
     let mut stream = config.seed ^ 0x7761_726d;
-    while out.len() < count {
+    let mut barren = 0;
+    // Until enough, or 8 batches in a row bring nothing new (the question space is used up).
+    while out.len() < count && barren < 8 {
         let before = out.len();
         for t in crate::data::arithmetic(count, config.data.difficulty, stream) {
             if out.len() < count
@@ -306,10 +311,7 @@ fn teacher_tasks(count: usize, config: &Config, exclude: &[Task]) -> Vec<Task> {
             }
         }
         stream = stream.wrapping_add(1);
-        if out.len() == before && stream % 16 == 0 {
-            // The question space is exhausted (tiny difficulty, many tasks asked for).
-            break;
-        }
+        barren = if out.len() == before { barren + 1 } else { 0 };
     }
     out
 }
@@ -359,8 +361,8 @@ fn initial_weights(
 fn train(
     ws: &WarmStartConfig,
     agent: &Agent,
-    drills: Vec<(Vec<u32>, Vec<u32>)>,
-    by_turn: HashMap<u32, Vec<(Vec<u32>, Vec<u32>)>>,
+    drills: Vec<Pair>,
+    by_turn: HashMap<u32, Vec<Pair>>,
     seed: u64,
     progress: &mut impl FnMut(usize, f64),
 ) -> anyhow::Result<Vec<f64>> {
@@ -404,15 +406,15 @@ fn train(
 
 /// One turn's utterances, drawn in a fresh shuffled order each pass.
 struct Pool {
-    pairs: Vec<(Vec<u32>, Vec<u32>)>,
+    pairs: Vec<Pair>,
     order: Vec<usize>,
 }
 
 impl Pool {
     /// Utterances until the batch (padded to its longest) holds about `budget` tokens; at
     /// least one.
-    fn next_batch(&mut self, budget: usize, rng: &mut ChaCha8Rng) -> Vec<(Vec<u32>, Vec<u32>)> {
-        let mut batch: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    fn next_batch(&mut self, budget: usize, rng: &mut ChaCha8Rng) -> Vec<Pair> {
+        let mut batch: Vec<Pair> = Vec::new();
         let mut longest = 0;
         loop {
             if self.order.is_empty() {
@@ -486,25 +488,23 @@ mod tests {
 
     #[test]
     fn a_batch_fills_its_token_budget_and_passes_cover_every_utterance() {
-        let pairs: Vec<(Vec<u32>, Vec<u32>)> = (0..10).map(|i| (vec![i; 8], vec![i; 2])).collect();
+        let pairs: Vec<Pair> = (0..10).map(|i| (vec![i; 8], vec![i; 2])).collect();
         let mut pool = Pool {
             pairs,
             order: Vec::new(),
         };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let mut seen = Vec::new();
-        for _ in 0..3 {
+        let mut drawn = Vec::new();
+        for _ in 0..4 {
             let b = pool.next_batch(35, &mut rng);
             assert_eq!(b.len(), 3, "3 x 10 tokens fit in 35, 4 do not");
-            seen.extend(b.iter().map(|(p, _)| p[0]));
+            drawn.extend(b.iter().map(|(p, _)| p[0]));
         }
-        seen.extend(pool.next_batch(35, &mut rng).iter().map(|(p, _)| p[0]));
-        seen.sort();
-        assert_eq!(
-            seen[..10],
-            (0..10).collect::<Vec<u32>>()[..],
-            "one pass, each once"
-        );
+        // The first pass draws each utterance once, then a new pass begins.
+        let mut first: Vec<u32> = drawn[..10].to_vec();
+        first.sort();
+        assert_eq!(first, (0..10).collect::<Vec<u32>>());
+        assert_ne!(drawn[..10], (0..10).collect::<Vec<u32>>()[..], "shuffled");
         let mut lone = Pool {
             pairs: vec![(vec![1; 100], vec![1; 5])],
             order: Vec::new(),

@@ -592,7 +592,9 @@ impl WarmStartConfig {
                 bail!("warm_start.{key} = 0: expected at least 1");
             }
         }
-        if self.hidden_size % self.heads != 0 || (self.hidden_size / self.heads) % 2 != 0 {
+        if !self.hidden_size.is_multiple_of(self.heads)
+            || !(self.hidden_size / self.heads).is_multiple_of(2)
+        {
             bail!(
                 "warm_start.hidden_size = {} must split into warm_start.heads = {} heads of an \
                  even size",
