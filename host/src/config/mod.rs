@@ -69,18 +69,20 @@ pub struct WarmStartConfig {
 impl Default for WarmStartConfig {
     fn default() -> Self {
         WarmStartConfig {
+            // The quickstart's: on 2 CPU cores about 6 minutes for 2-digit addition. A
+            // 4-layer, 128-wide model learned it far more slowly per second (BENCHMARKS.md).
             vocab_size: 1024,
-            hidden_size: 128,
-            intermediate_size: 512,
-            layers: 4,
+            hidden_size: 64,
+            intermediate_size: 256,
+            layers: 3,
             heads: 4,
             tasks: 2000,
             drills: 6000,
             teacher_skill: 0.8,
             teacher_persuadability: 0.6,
-            steps: 800,
+            steps: 1500,
             batch_tokens: 4096,
-            lr: 3e-3,
+            lr: 5e-3,
         }
     }
 }
