@@ -12,6 +12,7 @@ ROWS = [
     ("single-agent RL (agent 0 learns)", "single", "after"),
     ("SFT on the best 10% of debates", "sft", "after"),
     ("MAPoRL, rule verifier (no learned verifier)", "maporl", "after"),
+    ("MAPoRL with the learned verifier", "maporl-learned", "after"),
 ]
 
 
