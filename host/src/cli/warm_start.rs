@@ -1,8 +1,6 @@
 //! `maporl warm-start`: makes the tiny model a config's `[warm_start]` section describes and
 //! writes it to the config's `model.path`.
 
-use std::path::PathBuf;
-
 use clap::Args;
 
 use super::run::{load_plugins, tasks, ConfigArgs};
@@ -70,7 +68,7 @@ pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
     })?;
     println!(
         "wrote {} ({} parameters, {} utterances, loss {:.3} -> {:.3}, {:.0} s)",
-        PathBuf::from(&out).display(),
+        out.display(),
         summary.parameters,
         summary.utterances,
         summary.first_loss,
