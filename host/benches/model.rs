@@ -74,6 +74,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn main() -> anyhow::Result<()> {
+    // As the maporl binary does (a user's MALLOC_* settings win).
+    maporl::model::keep_freed_memory();
     let path = std::env::var_os("MAPORL_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -84,12 +86,12 @@ fn main() -> anyhow::Result<()> {
                         .join(".cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
                 })
         });
-    // Options (environment): MAPORL_BENCH_NEW_TOKENS (64), MAPORL_BENCH_STEPS (3 train steps,
+    // Options (environment): MAPORL_BENCH_NEW_TOKENS (64), MAPORL_BENCH_STEPS (3 train steps, 0 skips training,
     // the first one a warm-up), MAPORL_BENCH_LOGITS (write the f32 logits of the 32-token
     // prompt there, little-endian, (32, vocab)), MAPORL_BENCH_JSON (print one `JSON {...}`
     // line with every number, for scripts/bench-vs-torch.sh).
     let new_tokens = env_usize("MAPORL_BENCH_NEW_TOKENS", 64);
-    let steps = env_usize("MAPORL_BENCH_STEPS", 3).max(1);
+    let steps = env_usize("MAPORL_BENCH_STEPS", 3);
     let json = std::env::var_os("MAPORL_BENCH_JSON").is_some();
     // MAPORL_BENCH_PLAIN_MATMUL: candle's own matmul backward for frozen linears (computes the
     // unused weight gradients), to compare with the frozen-weight matmul.
@@ -139,7 +141,13 @@ fn main() -> anyhow::Result<()> {
     };
     let mut gen_tps = Vec::new();
     let mut gen_tokens = Vec::new();
-    for b in [1usize, 8] {
+    // MAPORL_BENCH_BATCHES: the generation batch sizes ("1,8"; empty skips generation).
+    let batches: Vec<usize> = std::env::var("MAPORL_BENCH_BATCHES")
+        .unwrap_or_else(|_| "1,8".into())
+        .split(',')
+        .filter_map(|b| b.trim().parse().ok())
+        .collect();
+    for &b in &batches {
         let prompts = vec![prompt.clone(); b];
         let _ = generate(
             &agent,
@@ -248,10 +256,10 @@ fn main() -> anyhow::Result<()> {
              \"bandwidth_gbs\":{bw},\"weight_bytes\":{weight_bytes},\"train_s\":{},\"train_fwd_s\":{},\
              \"train_bwd_s\":{},\"train_opt_s\":{},\"rss_gen_mb\":{rss_gen},\"rss_peak_mb\":{rss}}}",
             if plain { "candle-plain" } else { "candle" },
-            gen_tps[0],
-            gen_tps[1],
-            toks(&gen_tokens[0]),
-            toks(&gen_tokens[1]),
+            gen_tps.first().copied().unwrap_or(0.0),
+            gen_tps.get(1).copied().unwrap_or(0.0),
+            toks(gen_tokens.first().unwrap_or(&Vec::new())),
+            toks(gen_tokens.get(1).unwrap_or(&Vec::new())),
             best[0],
             best[1],
             best[2],

@@ -12,6 +12,7 @@ mod frozen;
 mod generate;
 mod load;
 mod lora;
+mod memory;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
@@ -23,3 +24,4 @@ pub use generate::{
 };
 pub use load::{load, Loaded};
 pub use lora::{Agent, Lora, LoraConfig, ValueHead};
+pub use memory::keep_freed_memory;
