@@ -7,6 +7,7 @@
 //! additive causal + padding (+ sliding window) mask with a finite value.
 
 use super::config::{Act, Arch, Config, RopeScaling};
+use super::fused;
 use super::lora::Lora;
 use anyhow::{anyhow, Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
@@ -120,11 +121,28 @@ impl Lin {
         self.inner.weight()
     }
 
-    fn fwd(&self, x: &Tensor, layer: usize, t: Target, lora: Option<&Lora>) -> Result<Tensor> {
-        let y = super::frozen::linear(&self.inner, x)?;
+    /// `train`: the differentiable path, where a LoRA layer is one fused op.
+    fn fwd(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        t: Target,
+        lora: Option<&Lora>,
+        train: bool,
+    ) -> Result<Tensor> {
+        let w = self.inner.weight();
         match lora.and_then(|l| l.module(layer, t)) {
-            Some(m) => Ok((y + m.delta(x)?)?),
-            None => Ok(y),
+            Some(m) if train && !w.track_op() && fused::applies(&[x, w]) => {
+                let dims = x.dims().to_vec();
+                let x2 = x.reshape(((), dims[dims.len() - 1]))?;
+                let (a, b, scale) = m.parts();
+                let y = fused::lora_linear(&x2, w, self.inner.bias(), a, b, scale)?;
+                let mut out = dims;
+                *out.last_mut().unwrap() = w.dim(0)?;
+                Ok(y.reshape(out)?)
+            }
+            Some(m) => Ok((super::frozen::linear(&self.inner, x)? + m.delta(x)?)?),
+            None => Ok(super::frozen::linear(&self.inner, x)?),
         }
     }
 }
@@ -165,8 +183,11 @@ pub struct Base {
     device: Device,
 }
 
-/// Per-layer keys and values of a batch being generated.
-#[derive(Debug, Clone)]
+/// Per-layer keys and values of a batch being generated, in buffers of (batch, kv heads,
+/// capacity, head dim) that grow 128 positions at a time: a decoding step writes its one new
+/// position in place instead of copying the whole cache. Cached keys and values carry no
+/// gradient (the cache is for the fused, generation path).
+#[derive(Debug)]
 pub struct KvCache {
     kvs: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
@@ -175,7 +196,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(num_layers: usize) -> KvCache {
         KvCache {
-            kvs: vec![None; num_layers],
+            kvs: (0..num_layers).map(|_| None).collect(),
             len: 0,
         }
     }
@@ -188,6 +209,36 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Appends `k` and `v` (batch, kv heads, t, head dim) to one layer's buffers after the `len`
+/// positions already there, and returns views of all `len + t` positions.
+fn append_kv(
+    slot: &mut Option<(Tensor, Tensor)>,
+    len: usize,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    const STEP: usize = 128;
+    let (k, v) = (k.detach().contiguous()?, v.detach().contiguous()?);
+    let (b, h, t, d) = k.dims4()?;
+    let need = len + t;
+    if slot.as_ref().map_or(0, |(kb, _)| kb.dim(2).unwrap_or(0)) < need {
+        let cap = need.next_multiple_of(STEP);
+        let kb = Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?;
+        let vb = Tensor::zeros((b, h, cap, d), v.dtype(), v.device())?;
+        if let Some((ok, ov)) = slot.take() {
+            if len > 0 {
+                kb.slice_set(&ok.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+                vb.slice_set(&ov.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            }
+        }
+        *slot = Some((kb, vb));
+    }
+    let (kb, vb) = slot.as_ref().expect("allocated above");
+    kb.slice_set(&k, 2, len)?;
+    vb.slice_set(&v, 2, len)?;
+    Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
 }
 
 /// The finite additive mask value: large enough to zero a softmax weight, small enough to stay
@@ -415,6 +466,11 @@ impl Base {
         if pads.len() != b {
             anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
         }
+        if cache.is_some() && !fused {
+            anyhow::bail!(
+                "the KV cache is for the fused (generation) path; cached keys carry no gradient"
+            );
+        }
         let offset = cache.as_ref().map_or(0, |c| c.len);
         if offset + t > self.cfg.max_position_embeddings {
             anyhow::bail!(
@@ -433,12 +489,12 @@ impl Base {
         ))?;
         let mut cache = cache;
         for (li, layer) in self.layers.iter().enumerate() {
-            let kv = cache.as_deref_mut().map(|c| &mut c.kvs[li]);
+            let kv = cache.as_deref_mut().map(|c| (&mut c.kvs[li], offset));
             let h = self.rms_norm(&x, &layer.ln1, fused)?;
             let a = self.attention(&h, li, layer, kv, mask.as_ref(), &cos, &sin, lora, fused)?;
             x = (x + a)?;
             let h = self.rms_norm(&x, &layer.ln2, fused)?;
-            let m = self.mlp(&h, li, layer, lora)?;
+            let m = self.mlp(&h, li, layer, lora, !fused)?;
             x = (x + m)?;
             if fused {
                 // The fused path needs no gradient: without this, ops on trainable tensors
@@ -463,6 +519,8 @@ impl Base {
         let eps = self.cfg.rms_norm_eps as f32;
         Ok(if fused {
             candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
+        } else if fused::applies(&[x, w]) {
+            fused::rms_norm(x, w, eps)?
         } else {
             candle_nn::ops::rms_norm_slow(x, w, eps)?
         })
@@ -497,6 +555,8 @@ impl Base {
         let apply = |x: &Tensor| -> Result<Tensor> {
             Ok(if fused {
                 candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?
+            } else if fused::applies(&[x, cos, sin]) {
+                fused::rope(x, cos, sin)?
             } else {
                 candle_nn::rotary_emb::rope_slow(x, cos, sin)?
             })
@@ -516,7 +576,7 @@ impl Base {
         x: &Tensor,
         li: usize,
         layer: &Layer,
-        kv: Option<&mut Option<(Tensor, Tensor)>>,
+        kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
         mask: Option<&Tensor>,
         cos: &Tensor,
         sin: &Tensor,
@@ -531,12 +591,12 @@ impl Base {
         );
         let (q, k, v) = match &layer.qkv {
             Qkv::Split { q, k, v } => (
-                q.fwd(x, li, Target::Q, lora)?,
-                k.fwd(x, li, Target::K, lora)?,
-                v.fwd(x, li, Target::V, lora)?,
+                q.fwd(x, li, Target::Q, lora, !fused)?,
+                k.fwd(x, li, Target::K, lora, !fused)?,
+                v.fwd(x, li, Target::V, lora, !fused)?,
             ),
             Qkv::Fused(qkv) => {
-                let y = qkv.fwd(x, li, Target::Qkv, lora)?;
+                let y = qkv.fwd(x, li, Target::Qkv, lora, !fused)?;
                 (
                     y.narrow(D::Minus1, 0, nh * hd)?,
                     y.narrow(D::Minus1, nh * hd, nkv * hd)?,
@@ -550,63 +610,64 @@ impl Base {
         let q = self.rope(&q, cos, sin, fused)?;
         let k = self.rope(&k, cos, sin, fused)?;
         let (k, v) = match kv {
-            Some(slot) => {
-                let (k, v) = match slot.take() {
-                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-                    None => (k.contiguous()?, v.contiguous()?),
-                };
-                // Detached: a cached step must not hold the graph of every step before it.
-                *slot = Some((k.detach(), v.detach()));
-                (k, v)
-            }
-            None => (k, v),
+            Some((slot, len)) => append_kv(slot, len, &k, &v)?,
+            None => (k.contiguous()?, v.contiguous()?),
         };
-        let k = repeat_kv(&k, nh / nkv)?.contiguous()?;
-        let v = repeat_kv(&v, nh / nkv)?.contiguous()?;
+        // Grouped-query attention without repeating K and V: the n_rep query heads that share
+        // a KV head are adjacent, so (b, nh, t, hd) reshapes for free to (b, nkv, n_rep * t, hd)
+        // and multiplies that head's keys and values once.
+        let n_rep = nh / nkv;
+        let s = k.dim(2)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut att = (q.contiguous()?.matmul(&k.t()?)? * scale)?;
-        if let Some(m) = mask {
-            att = att.broadcast_add(m)?;
-        }
-        let in_dtype = att.dtype();
-        let att32 = att.to_dtype(DType::F32)?;
-        let p = if fused {
-            candle_nn::ops::softmax_last_dim(&att32)?
+        let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
+        let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
+        let p = if !fused && fused::applies(&[&scores]) {
+            fused::masked_softmax(&scores, scale, mask)?
         } else {
-            candle_nn::ops::softmax(&att32, D::Minus1)?
+            let mut att = (scores * scale)?;
+            if let Some(m) = mask {
+                att = att.broadcast_add(m)?;
+            }
+            let att32 = att.to_dtype(DType::F32)?;
+            if fused {
+                candle_nn::ops::softmax_last_dim(&att32)?
+            } else {
+                candle_nn::ops::softmax(&att32, D::Minus1)?
+            }
         };
-        let y = p.to_dtype(in_dtype)?.matmul(&v)?;
+        let p = p.to_dtype(q.dtype())?.reshape((b, nkv, n_rep * t, s))?;
+        let y = p.matmul(&v)?.reshape((b, nh, t, hd))?;
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-        layer.o.fwd(&y, li, Target::O, lora)
+        layer.o.fwd(&y, li, Target::O, lora, !fused)
     }
 
-    fn mlp(&self, x: &Tensor, li: usize, layer: &Layer, lora: Option<&Lora>) -> Result<Tensor> {
+    fn mlp(
+        &self,
+        x: &Tensor,
+        li: usize,
+        layer: &Layer,
+        lora: Option<&Lora>,
+        train: bool,
+    ) -> Result<Tensor> {
         let (g, u) = match &layer.gate_up {
             GateUp::Split { gate, up } => (
-                gate.fwd(x, li, Target::Gate, lora)?,
-                up.fwd(x, li, Target::Up, lora)?,
+                gate.fwd(x, li, Target::Gate, lora, train)?,
+                up.fwd(x, li, Target::Up, lora, train)?,
             ),
             GateUp::Fused(gu) => {
-                let y = gu.fwd(x, li, Target::GateUp, lora)?;
+                let y = gu.fwd(x, li, Target::GateUp, lora, train)?;
                 let i = self.cfg.intermediate_size;
                 (y.narrow(D::Minus1, 0, i)?, y.narrow(D::Minus1, i, i)?)
             }
         };
-        let g = match self.cfg.hidden_act {
-            Act::Silu => g.silu()?,
-            Act::GeluTanh => g.gelu()?,
-            Act::Gelu => g.gelu_erf()?,
+        let gated = match self.cfg.hidden_act {
+            Act::Silu if train && fused::applies(&[&g, &u]) => fused::silu_mul(&g, &u)?,
+            Act::Silu => (g.silu()? * u)?,
+            Act::GeluTanh => (g.gelu()? * u)?,
+            Act::Gelu => (g.gelu_erf()? * u)?,
         };
-        layer.down.fwd(&(g * u)?, li, Target::Down, lora)
+        layer.down.fwd(&gated, li, Target::Down, lora, train)
     }
-}
-
-fn repeat_kv(x: &Tensor, n: usize) -> Result<Tensor> {
-    if n == 1 {
-        return Ok(x.clone());
-    }
-    let (b, h, t, d) = x.dims4()?;
-    Ok(Tensor::cat(&vec![x; n], 2)?.reshape((b, h * n, t, d))?)
 }
 
 /// cos and sin tables (max_positions, rotary_dim / 2) in f32.

@@ -318,10 +318,22 @@ pub fn score(
         // Contiguous, so lm_head is one 2-D matmul: a broadcast matmul would make backward
         // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
         let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
-        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let tgt = targets.narrow(1, c0, n)?.contiguous()?.unsqueeze(2)?;
-        parts.push(lsm.gather(&tgt, 2)?.squeeze(2)?);
-        entropy_parts.push((lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?);
+        let tgt = targets.narrow(1, c0, n)?.contiguous()?;
+        if super::fused::applies(&[&logits]) {
+            // One op: the log-softmax over the vocabulary is never materialised.
+            let (b, _, vocab) = logits.dims3()?;
+            let lp_h = super::fused::token_logprobs(
+                &logits.reshape((b * n, vocab))?,
+                tgt.flatten_all()?.to_vec1::<u32>()?,
+            )?
+            .reshape((b, n, 2))?;
+            parts.push(lp_h.narrow(2, 0, 1)?.squeeze(2)?);
+            entropy_parts.push(lp_h.narrow(2, 1, 1)?.squeeze(2)?);
+        } else {
+            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            parts.push(lsm.gather(&tgt.unsqueeze(2)?, 2)?.squeeze(2)?);
+            entropy_parts.push((lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?);
+        }
         c0 += n;
     }
     let logprobs = Tensor::cat(&parts, 1)?;

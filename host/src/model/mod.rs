@@ -9,6 +9,7 @@ mod chat;
 mod config;
 mod decoder;
 mod frozen;
+mod fused;
 mod generate;
 mod load;
 mod lora;
@@ -19,6 +20,8 @@ pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, KvCache, Target};
 #[doc(hidden)]
 pub use frozen::set_frozen_matmul;
+#[doc(hidden)]
+pub use fused::set_fused_training_ops;
 pub use generate::{
     generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
 };

@@ -1,9 +1,15 @@
-//! The frozen-weight matmul (backward without a weight gradient for frozen linears and the
-//! lm_head) gives the same LoRA and value-head gradients as candle's plain matmul.
+//! The CPU training kernels give the same outputs and gradients as candle's elementary ops:
+//! the frozen-weight matmul (backward without a weight gradient for frozen linears and the
+//! lm_head) and the fused ops (LoRA linear, RMS norm, rope, masked softmax, SiLU gating, token
+//! log-probs and entropies), for LoRA + value head and for full fine-tuning. One test, as the
+//! switches are process-wide.
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use maporl::model::{score, set_frozen_matmul, Agent, Base, Config, Lora, LoraConfig, ValueHead};
+use maporl::model::{
+    score, set_frozen_matmul, set_fused_training_ops, Agent, Base, Config, Lora, LoraConfig,
+    ValueHead,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -54,9 +60,26 @@ fn frozen_base(json: &str, seed: u64) -> Base {
     Base::new(&cfg, VarBuilder::from_tensors(ts, DType::F32, &Device::Cpu)).unwrap()
 }
 
-/// Gradients of a PPO-shaped loss for every trainable var, by name.
-fn grads(agent: &Agent, plain: bool) -> Vec<(String, Vec<f32>)> {
-    set_frozen_matmul(!plain);
+/// How the differentiable path runs.
+#[derive(Clone, Copy, Debug)]
+enum Kernels {
+    /// candle's elementary ops and plain matmul.
+    Plain,
+    /// The frozen-weight matmul only.
+    Frozen,
+    /// The frozen-weight matmul and the fused ops (the default).
+    All,
+}
+
+/// The scored outputs (log-probs, entropies, values) and the gradients of a PPO-shaped loss
+/// with an entropy bonus for every trainable var, by name.
+fn grads(
+    agent: &Agent,
+    vars: &[(String, candle_core::Var)],
+    k: Kernels,
+) -> Vec<(String, Vec<f32>)> {
+    set_frozen_matmul(!matches!(k, Kernels::Plain));
+    set_fused_training_ops(matches!(k, Kernels::All));
     let pairs = vec![
         (vec![1, 2, 3], vec![4, 5]),
         (vec![6], vec![7, 8, 9, 10]),
@@ -70,37 +93,57 @@ fn grads(agent: &Agent, plain: bool) -> Vec<(String, Vec<f32>)> {
         .unwrap()
         .minimum(&(ratio.clamp(0.8f32, 1.2f32).unwrap() * &adv).unwrap())
         .unwrap();
-    let vloss = (s.values.clone().unwrap() - &adv).unwrap().sqr().unwrap();
-    let loss = (((vloss * 0.5).unwrap() - pg).unwrap() * &s.mask)
-        .unwrap()
-        .sum_all()
-        .unwrap();
+    let mut loss = (pg.neg().unwrap() - (&s.entropy * 0.05).unwrap()).unwrap();
+    if let Some(v) = &s.values {
+        loss = (loss + ((v - &adv).unwrap().sqr().unwrap() * 0.5).unwrap()).unwrap();
+    }
+    let loss = (loss * &s.mask).unwrap().sum_all().unwrap();
     let g = loss.backward().unwrap();
     set_frozen_matmul(true);
-    let mut named = agent.lora.as_ref().unwrap().named_vars();
-    for (i, v) in agent
-        .value_head
-        .as_ref()
-        .unwrap()
-        .vars()
-        .into_iter()
-        .enumerate()
-    {
-        named.push((format!("value_head.{i}"), v));
+    set_fused_training_ops(true);
+    let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut out = vec![
+        ("logprobs".to_string(), flat(&s.logprobs)),
+        ("entropy".to_string(), flat(&s.entropy)),
+    ];
+    if let Some(v) = &s.values {
+        out.push(("values".to_string(), flat(v)));
     }
-    named
-        .into_iter()
-        .map(|(n, v)| {
-            let t = g
-                .get(v.as_tensor())
-                .expect("trainable var without gradient");
-            (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
-        })
-        .collect()
+    for (n, v) in vars {
+        let t = g
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("{n}: trainable var without gradient"));
+        out.push((n.clone(), flat(t)));
+    }
+    out
+}
+
+/// The largest difference between two runs, relative to the larger magnitude of each entry.
+fn compare(what: &str, a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], tol: f32) {
+    assert_eq!(a.len(), b.len());
+    let mut worst = (0f32, String::new());
+    for ((n1, g1), (n2, g2)) in a.iter().zip(b) {
+        assert_eq!(n1, n2);
+        assert!(g2.iter().any(|x| *x != 0.0), "{what}, {n1}: all zero");
+        let scale = g2.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+        for (x, y) in g1.iter().zip(g2) {
+            let d = (x - y).abs() / scale;
+            if d > worst.0 {
+                worst = (d, n1.clone());
+            }
+        }
+    }
+    println!(
+        "{what}: max relative difference over {} tensors: {:e} ({})",
+        a.len(),
+        worst.0,
+        worst.1
+    );
+    assert!(worst.0 <= tol, "{what}: {} differs by {}", worst.1, worst.0);
 }
 
 #[test]
-fn frozen_matmul_leaves_lora_and_value_head_gradients_unchanged() {
+fn training_kernels_match_candles_elementary_ops() {
     for (json, targets) in [
         (
             LLAMA,
@@ -154,18 +197,35 @@ fn frozen_matmul_leaves_lora_and_value_head_gradients_unchanged() {
         }
         agent.lora = Some(lora);
         agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 7).unwrap());
-        let new = grads(&agent, false);
-        let old = grads(&agent, true);
-        assert_eq!(new.len(), old.len());
-        let mut worst = 0f32;
-        for ((n1, g1), (n2, g2)) in new.iter().zip(&old) {
-            assert_eq!(n1, n2);
-            assert!(g2.iter().any(|x| *x != 0.0), "{n1}: zero gradient");
-            for (a, b) in g1.iter().zip(g2) {
-                worst = worst.max((a - b).abs());
-            }
+        let mut vars = agent.lora.as_ref().unwrap().named_vars();
+        for (i, v) in agent
+            .value_head
+            .as_ref()
+            .unwrap()
+            .vars()
+            .into_iter()
+            .enumerate()
+        {
+            vars.push((format!("value_head.{i}"), v));
         }
-        println!("max |grad diff| over {} vars: {worst:e}", new.len());
-        assert!(worst <= 1e-5, "gradients differ by {worst}");
+        let plain = grads(&agent, &vars, Kernels::Plain);
+        for k in [Kernels::Frozen, Kernels::All] {
+            compare(
+                &format!("LoRA, {k:?}"),
+                &grads(&agent, &vars, k),
+                &plain,
+                1e-4,
+            );
+        }
+        // Full fine-tuning: every weight (norms included) is a var, no LoRA.
+        let (full, vars) = base.trainable_copy().unwrap();
+        let agent = Agent::new(Arc::new(full));
+        let plain = grads(&agent, &vars, Kernels::Plain);
+        compare(
+            "full fine-tuning, All",
+            &grads(&agent, &vars, Kernels::All),
+            &plain,
+            1e-4,
+        );
     }
 }
