@@ -106,7 +106,7 @@ impl CustomOp3 for LoraLinear {
         }
         if let Some(bias) = &self.bias {
             let (bs, bl) = bias.storage_and_layout();
-            let bias = tensor_f32s(&*bs, bl, "lora-linear bias")?;
+            let bias = tensor_f32s(&bs, bl, "lora-linear bias")?;
             for row in y.chunks_exact_mut(n) {
                 for (y, b) in row.iter_mut().zip(bias) {
                     *y += b;
@@ -292,8 +292,8 @@ impl CustomOp1 for Rope {
         let half = d / 2;
         let (cs, cl) = self.cos.storage_and_layout();
         let (ss, sl) = self.sin.storage_and_layout();
-        let cos = tensor_f32s(&*cs, cl, "rope cos")?;
-        let sin = tensor_f32s(&*ss, sl, "rope sin")?;
+        let cos = tensor_f32s(&cs, cl, "rope cos")?;
+        let sin = tensor_f32s(&ss, sl, "rope sin")?;
         if cos.len() != t * half || sin.len() != t * half {
             bail!("rope: cos/sin do not cover {t} positions of {half} frequencies");
         }
@@ -352,7 +352,7 @@ impl CustomOp1 for MaskedSoftmax {
         let guard = self.mask.as_ref().map(|m| m.storage_and_layout());
         let mask = match &guard {
             Some((ms, ml)) => {
-                let m = tensor_f32s(&**ms, ml, "masked-softmax mask")?;
+                let m = tensor_f32s(ms, ml, "masked-softmax mask")?;
                 if m.len() != b * t * s {
                     bail!("masked-softmax: the mask does not cover ({b}, 1, {t}, {s})");
                 }
