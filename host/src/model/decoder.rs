@@ -131,6 +131,10 @@ impl Lin {
         train: bool,
     ) -> Result<Tensor> {
         let w = self.inner.weight();
+        // Off the training path nothing needs the base's gradient (an adapter's vars upstream
+        // would make the input track one): the detached input takes the no-gradient matmul,
+        // the same as a run without the adapter.
+        let base_in = if train { x.clone() } else { x.detach() };
         match lora.and_then(|l| l.module(layer, t)) {
             Some(m) if train && !w.track_op() && fused::applies(&[x, w]) => {
                 let dims = x.dims().to_vec();
@@ -141,8 +145,8 @@ impl Lin {
                 *out.last_mut().unwrap() = w.dim(0)?;
                 Ok(y.reshape(out)?)
             }
-            Some(m) => Ok((super::frozen::linear(&self.inner, x)? + m.delta(x)?)?),
-            None => Ok(super::frozen::linear(&self.inner, x)?),
+            Some(m) => Ok((super::frozen::linear(&self.inner, &base_in)? + m.delta(x)?)?),
+            None => Ok(super::frozen::linear(&self.inner, &base_in)?),
         }
     }
 }
@@ -619,6 +623,13 @@ impl Base {
         let n_rep = nh / nkv;
         let s = k.dim(2)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        if fused && t <= 4 {
+            let q = q.contiguous()?;
+            if let Some(y) = super::rows::decode_attention(&q, &k, &v, mask, scale as f32)? {
+                let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+                return layer.o.fwd(&y, li, Target::O, lora, false);
+            }
+        }
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
         let p = if !fused && fused::applies(&[&scores]) {

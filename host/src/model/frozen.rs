@@ -9,7 +9,7 @@
 //! gradients, the transposed product of `small_batch`).
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Storage, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -101,11 +101,35 @@ fn small_batch(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tenso
         return lin.forward(x);
     }
     let x2 = x.reshape((rows, in_dim))?.contiguous()?;
-    let mut y = w.matmul(&x2.t()?)?.t()?.contiguous()?;
+    let mut y = match rows_kernel(&x2, w)? {
+        Some(y) => y,
+        None => w.matmul(&x2.t()?)?.t()?.contiguous()?,
+    };
     if let Some(b) = lin.bias() {
         y = y.broadcast_add(b)?;
     }
     let mut out = dims;
     *out.last_mut().unwrap() = w.dim(0)?;
     y.reshape(out)
+}
+
+/// `x Wᵀ` by [`super::rows`] when the CPU has it and both are contiguous f32 on the CPU.
+fn rows_kernel(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    if !super::rows::available() || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let (m, k) = x.dims2()?;
+    let (n, _) = w.dims2()?;
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(xv)), Storage::Cpu(CpuStorage::F32(wv))) = (&*xs, &*ws)
+    else {
+        return Ok(None);
+    };
+    let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
+    else {
+        return Ok(None);
+    };
+    let y = super::rows::x_wt(&xv[x0..x1], &wv[w0..w1], m, n, k);
+    Ok(Some(Tensor::from_vec(y, (m, n), x.device())?))
 }

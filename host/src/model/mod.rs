@@ -14,6 +14,7 @@ mod generate;
 mod load;
 mod lora;
 mod memory;
+mod rows;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};

@@ -1,0 +1,332 @@
+//! Kernels for decoding a few rows at a time: `y = x Wᵀ` without gemm's packing, and
+//! attention of the new positions against the KV cache.
+//!
+//! At 2 to 16 rows, gemm spends much of its time packing operands and runs its 8 × 6
+//! microkernel on panels it had to transpose. Here each pair of weight rows is read once, from
+//! where it lies, against 4 rows of x at a time: 8 AVX2 accumulators, 6 loads per 8 FMAs, the
+//! rows of x staying in L1. Weight rows are split over the rayon pool. x86-64 with AVX2 and
+//! FMA only (detected at run time); `host/tests/model_kernels.rs` checks it against candle.
+
+use rayon::prelude::*;
+
+/// Whether this CPU runs the kernel.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `x (m, k) · Wᵀ` with `W (n, k)`, both row-major, as (m, n) row-major. Call only when
+/// [`available`].
+pub(crate) fn x_wt(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(available() && x.len() == m * k && w.len() == n * k);
+    // (n, m): each block of weight rows writes its own contiguous part.
+    const BLOCK: usize = 64;
+    let mut yt = vec![0f32; n * m];
+    let run = |(bi, out): (usize, &mut [f32])| {
+        let o0 = bi * BLOCK;
+        let rows = out.len() / m;
+        // SAFETY: available() checked AVX2 and FMA; the slices hold the rows they index.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx2::block(&w[o0 * k..(o0 + rows) * k], x, rows, m, k, out)
+        };
+    };
+    if rayon::current_num_threads() > 1 && n >= 4 * BLOCK {
+        yt.par_chunks_mut(BLOCK * m).enumerate().for_each(run);
+    } else {
+        yt.chunks_mut(BLOCK * m).enumerate().for_each(run);
+    }
+    let mut y = vec![0f32; m * n];
+    for (o, col) in yt.chunks_exact(m).enumerate() {
+        for (r, v) in col.iter().enumerate() {
+            y[r * n + o] = *v;
+        }
+    }
+    y
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// out (rows, m) = w (rows, k) · x (m, k)ᵀ.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block(
+        w: &[f32],
+        x: &[f32],
+        rows: usize,
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let mut o = 0;
+        while o < rows {
+            let wo = if rows - o >= 2 { 2 } else { 1 };
+            let mut r = 0;
+            while r < m {
+                let xr = (m - r).min(4);
+                match (wo, xr) {
+                    (2, 4) => tile::<2, 4>(w, x, o, r, m, k, out),
+                    (2, 3) => tile::<2, 3>(w, x, o, r, m, k, out),
+                    (2, 2) => tile::<2, 2>(w, x, o, r, m, k, out),
+                    (2, _) => tile::<2, 1>(w, x, o, r, m, k, out),
+                    (_, 4) => tile::<1, 4>(w, x, o, r, m, k, out),
+                    (_, 3) => tile::<1, 3>(w, x, o, r, m, k, out),
+                    (_, 2) => tile::<1, 2>(w, x, o, r, m, k, out),
+                    _ => tile::<1, 1>(w, x, o, r, m, k, out),
+                }
+                r += xr;
+            }
+            o += wo;
+        }
+    }
+
+    /// out[o + i][r + j] = w[o + i] · x[r + j] for i < O, j < R.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const O: usize, const R: usize>(
+        w: &[f32],
+        x: &[f32],
+        o: usize,
+        r: usize,
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let wp: [*const f32; O] = std::array::from_fn(|i| w.as_ptr().add((o + i) * k));
+        let xp: [*const f32; R] = std::array::from_fn(|j| x.as_ptr().add((r + j) * k));
+        let mut acc = [[_mm256_setzero_ps(); R]; O];
+        let k8 = k / 8 * 8;
+        let mut c = 0;
+        // The next tile's weight rows follow these ones: fetch them while these compute
+        // (the hardware prefetcher alone left the loads waiting on memory).
+        let next: [*const f32; O] = std::array::from_fn(|i| wp[i].wrapping_add(O * k));
+        while c < k8 {
+            if c % 16 == 0 {
+                for p in next {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c) as *const i8);
+                }
+            }
+            let wv: [__m256; O] = std::array::from_fn(|i| _mm256_loadu_ps(wp[i].add(c)));
+            for j in 0..R {
+                let xv = _mm256_loadu_ps(xp[j].add(c));
+                for i in 0..O {
+                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+            c += 8;
+        }
+        for i in 0..O {
+            for j in 0..R {
+                let mut s = hsum(acc[i][j]);
+                for cc in k8..k {
+                    s += *wp[i].add(cc) * *xp[j].add(cc);
+                }
+                out[(o + i) * m + r + j] = s;
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Attention for a few new positions against the KV cache (decoding), without the batched
+/// matmuls' packing: at one query row per head their overhead outweighed the arithmetic.
+/// q (b, nh, t, hd) contiguous; k and v (b, nkv, s, hd) views with unit last stride (the
+/// cache's buffers); mask (b, 1, t, s) additive or None. Returns (b, nh, t, hd), or None when
+/// the tensors are not all f32 on the CPU in those layouts.
+pub(crate) fn decode_attention(
+    q: &candle_core::Tensor,
+    k: &candle_core::Tensor,
+    v: &candle_core::Tensor,
+    mask: Option<&candle_core::Tensor>,
+    scale: f32,
+) -> candle_core::Result<Option<candle_core::Tensor>> {
+    use candle_core::{CpuStorage, DType, Storage, Tensor};
+    let all_f32 = [Some(q), Some(k), Some(v), mask]
+        .into_iter()
+        .flatten()
+        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu());
+    if !all_f32 {
+        return Ok(None);
+    }
+    let (b, nh, t, hd) = q.dims4()?;
+    let (_, nkv, s, _) = k.dims4()?;
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k.storage_and_layout();
+    let (vs, vl) = v.storage_and_layout();
+    let ms = mask.map(|m| m.storage_and_layout());
+    let (
+        Storage::Cpu(CpuStorage::F32(qv)),
+        Storage::Cpu(CpuStorage::F32(kv)),
+        Storage::Cpu(CpuStorage::F32(vv)),
+    ) = (&*qs, &*ks, &*vs)
+    else {
+        return Ok(None);
+    };
+    let Some((q0, _)) = ql.contiguous_offsets() else {
+        return Ok(None);
+    };
+    let (kst, vst) = (kl.stride(), vl.stride());
+    if kst[3] != 1 || vst[3] != 1 || v.dims() != k.dims() {
+        return Ok(None);
+    }
+    let mv = match &ms {
+        Some((m, ml)) => match (&**m, ml.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(m)), Some((a, e))) if e - a == b * t * s => {
+                Some(&m[a..e])
+            }
+            _ => return Ok(None),
+        },
+        None => None,
+    };
+    let n_rep = nh / nkv;
+    let mut out = vec![0f32; b * nh * t * hd];
+    let head = |(bh, out): (usize, &mut [f32])| {
+        let (bi, h) = (bh / nh, bh % nh);
+        let g = h / n_rep;
+        let kb = kl.start_offset() + bi * kst[0] + g * kst[1];
+        let vb = vl.start_offset() + bi * vst[0] + g * vst[1];
+        let mut p = vec![0f32; s];
+        for i in 0..t {
+            let qr = &qv[q0 + (bh * t + i) * hd..][..hd];
+            for (j, pj) in p.iter_mut().enumerate() {
+                let kr = &kv[kb + j * kst[2]..][..hd];
+                *pj = dot(qr, kr) * scale + mv.map_or(0.0, |m| m[(bi * t + i) * s + j]);
+            }
+            let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for pj in p.iter_mut() {
+                *pj = (*pj - max).exp();
+                sum += *pj;
+            }
+            let o = &mut out[i * hd..][..hd];
+            for (j, pj) in p.iter().enumerate() {
+                let w = pj / sum;
+                for (o, v) in o.iter_mut().zip(&vv[vb + j * vst[2]..][..hd]) {
+                    *o += w * v;
+                }
+            }
+        }
+    };
+    if rayon::current_num_threads() > 1 && b * nh >= 4 {
+        out.par_chunks_mut(t * hd).enumerate().for_each(head);
+    } else {
+        out.chunks_mut(t * hd).enumerate().for_each(head);
+    }
+    Ok(Some(Tensor::from_vec(out, (b, nh, t, hd), q.device())?))
+}
+
+/// A dot product the compiler vectorises (eight independent partial sums).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn seq(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn x_wt_equals_the_plain_product_for_every_tile_shape() {
+        if !available() {
+            eprintln!("no AVX2/FMA: the kernel is not used on this CPU");
+            return;
+        }
+        // Rows 1-16 (every tile remainder), odd weight rows, k with and without a tail.
+        for &(n, k) in &[(5usize, 13usize), (130, 64), (257, 24), (3, 7)] {
+            for m in 1..=16 {
+                let (x, w) = (seq(m * k, 7), seq(n * k, 11));
+                let y = x_wt(&x, &w, m, n, k);
+                for r in 0..m {
+                    for o in 0..n {
+                        let want: f32 = (0..k).map(|c| x[r * k + c] * w[o * k + c]).sum();
+                        let got = y[r * n + o];
+                        assert!(
+                            (got - want).abs() < 1e-4,
+                            "m {m} n {n} k {k} ({r}, {o}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_attention_equals_softmax_attention_on_cache_views() {
+        let dev = Device::Cpu;
+        let (b, nh, nkv, t, s, cap, hd) = (2, 6, 2, 2, 9, 16, 12);
+        let q = Tensor::from_vec(seq(b * nh * t * hd, 1), (b, nh, t, hd), &dev).unwrap();
+        // Keys and values as the cache holds them: the first s of cap positions.
+        let kb = Tensor::from_vec(seq(b * nkv * cap * hd, 2), (b, nkv, cap, hd), &dev).unwrap();
+        let vb = Tensor::from_vec(seq(b * nkv * cap * hd, 3), (b, nkv, cap, hd), &dev).unwrap();
+        let (k, v) = (kb.narrow(2, 0, s).unwrap(), vb.narrow(2, 0, s).unwrap());
+        // Row 1 has two padding positions.
+        let mask: Vec<f32> = (0..b * t * s)
+            .map(|i| {
+                if i / (t * s) == 1 && i % s < 2 {
+                    -1e9
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (b, 1, t, s), &dev).unwrap();
+        let scale = 0.3f32;
+        let got = decode_attention(&q, &k, &v, Some(&mask), scale)
+            .unwrap()
+            .expect("f32 on the CPU");
+        let rep = |x: &Tensor| {
+            Tensor::cat(&vec![x.unsqueeze(2).unwrap(); nh / nkv], 2)
+                .unwrap()
+                .reshape((b, nh, s, hd))
+                .unwrap()
+        };
+        let att = (q.matmul(&rep(&k).t().unwrap()).unwrap() * scale as f64)
+            .unwrap()
+            .broadcast_add(&mask)
+            .unwrap();
+        let p = candle_nn::ops::softmax_last_dim(&att).unwrap();
+        let want = p.matmul(&rep(&v)).unwrap();
+        let d = (got - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-5, "differs by {d}");
+    }
+}
