@@ -82,10 +82,11 @@ pub(crate) fn linear(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result
 }
 
 /// `linear.forward(x)` without gradient tracking. For 2..=16 rows (batched decoding) on CPU it
-/// computes `(W xᵀ)ᵀ`: gemm then reads the weight as a row-major left-hand side instead of
-/// packing `Wᵀ` for every call, about 1.6x faster for a layer's linears and 2.4x for the lm_head
-/// at 8 rows (MAPORL_BENCH_GEMM=1 in host/benches/model.rs measures it). One row and larger
-/// blocks keep candle's `x Wᵀ`.
+/// runs the [`super::rows`] kernel (AVX2 + FMA) or, without it, computes `(W xᵀ)ᵀ`: gemm then
+/// reads the weight as a row-major left-hand side instead of packing `Wᵀ` for every call,
+/// about 1.6x faster for a layer's linears and 2.4x for the lm_head at 8 rows
+/// (MAPORL_BENCH_GEMM=1 in host/benches/model.rs measures it). One row (gemm's matrix-vector
+/// path is already bound by memory) and larger blocks keep candle's `x Wᵀ`.
 fn small_batch(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
     use candle_core::Module;
     let w = lin.weight();

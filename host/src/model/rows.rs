@@ -2,10 +2,12 @@
 //! attention of the new positions against the KV cache.
 //!
 //! At 2 to 16 rows, gemm spends much of its time packing operands and runs its 8 × 6
-//! microkernel on panels it had to transpose. Here each pair of weight rows is read once, from
-//! where it lies, against 4 rows of x at a time: 8 AVX2 accumulators, 6 loads per 8 FMAs, the
-//! rows of x staying in L1. Weight rows are split over the rayon pool. x86-64 with AVX2 and
-//! FMA only (detected at run time); `host/tests/model_kernels.rs` checks it against candle.
+//! microkernel on panels it had to transpose. Here each group of 3 weight rows is read once,
+//! from where it lies, against 4 rows of x at a time: 12 AVX2 accumulators, 7 loads per 12
+//! FMAs, the rows of x staying in L1, the weight rows two tiles ahead prefetched. Weight rows
+//! are split over the rayon pool. At 8 rows a 1536 × 576 weight takes 131 µs (108 GFLOP/s)
+//! against gemm's 266 µs on this machine. x86-64 with AVX2 and FMA only (detected at run
+//! time); the tests below check it against the plain product.
 
 use rayon::prelude::*;
 
@@ -67,11 +69,15 @@ mod avx2 {
     ) {
         let mut o = 0;
         while o < rows {
-            let wo = if rows - o >= 2 { 2 } else { 1 };
+            let wo = (rows - o).min(3);
             let mut r = 0;
             while r < m {
                 let xr = (m - r).min(4);
                 match (wo, xr) {
+                    (3, 4) => tile::<3, 4>(w, x, o, r, m, k, out),
+                    (3, 3) => tile::<3, 3>(w, x, o, r, m, k, out),
+                    (3, 2) => tile::<3, 2>(w, x, o, r, m, k, out),
+                    (3, _) => tile::<3, 1>(w, x, o, r, m, k, out),
                     (2, 4) => tile::<2, 4>(w, x, o, r, m, k, out),
                     (2, 3) => tile::<2, 3>(w, x, o, r, m, k, out),
                     (2, 2) => tile::<2, 2>(w, x, o, r, m, k, out),
@@ -104,9 +110,10 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); R]; O];
         let k8 = k / 8 * 8;
         let mut c = 0;
-        // The next tile's weight rows follow these ones: fetch them while these compute
-        // (the hardware prefetcher alone left the loads waiting on memory).
-        let next: [*const f32; O] = std::array::from_fn(|i| wp[i].wrapping_add(O * k));
+        // The weight rows two tiles on follow these ones: fetch them while these compute (the
+        // hardware prefetcher alone left the loads waiting on memory; one tile ahead was too
+        // close for the lm_head, four too far).
+        let next: [*const f32; O] = std::array::from_fn(|i| wp[i].wrapping_add(2 * O * k));
         while c < k8 {
             if c % 16 == 0 {
                 for p in next {
@@ -129,6 +136,95 @@ mod avx2 {
                     s += *wp[i].add(cc) * *xp[j].add(cc);
                 }
                 out[(o + i) * m + r + j] = s;
+            }
+        }
+    }
+
+    /// [`super::attend`] with AVX2 + FMA: four keys (and values) at a time, so that the
+    /// dot products run as independent chains.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend<'a>(
+        q: &[f32],
+        keys: impl Iterator<Item = &'a [f32]>,
+        values: impl Iterator<Item = &'a [f32]>,
+        mask: Option<&[f32]>,
+        scale: f32,
+        p: &mut [f32],
+        o: &mut [f32],
+    ) {
+        let hd = q.len();
+        let n8 = hd / 8 * 8;
+        let keys: Vec<&[f32]> = keys.collect();
+        let mut j = 0;
+        while j + 4 <= keys.len() {
+            scores::<4>(q, &keys[j..j + 4], n8, &mut p[j..j + 4]);
+            j += 4;
+        }
+        while j < keys.len() {
+            scores::<1>(q, &keys[j..j + 1], n8, &mut p[j..j + 1]);
+            j += 1;
+        }
+        for (j, pj) in p.iter_mut().enumerate() {
+            *pj = *pj * scale + mask.map_or(0.0, |m| m[j]);
+        }
+        let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for pj in p.iter_mut() {
+            *pj = (*pj - max).exp();
+            sum += *pj;
+        }
+        let inv = 1.0 / sum;
+        for pj in p.iter_mut() {
+            *pj *= inv;
+        }
+        let values: Vec<&[f32]> = values.collect();
+        let mut j = 0;
+        while j + 4 <= values.len() {
+            accumulate::<4>(&values[j..j + 4], &p[j..j + 4], n8, o);
+            j += 4;
+        }
+        while j < values.len() {
+            accumulate::<1>(&values[j..j + 1], &p[j..j + 1], n8, o);
+            j += 1;
+        }
+    }
+
+    /// p[u] = q · keys[u] for G keys.
+    #[inline(always)]
+    unsafe fn scores<const G: usize>(q: &[f32], keys: &[&[f32]], n8: usize, p: &mut [f32]) {
+        let mut acc = [_mm256_setzero_ps(); G];
+        let mut c = 0;
+        while c < n8 {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for u in 0..G {
+                acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[u].as_ptr().add(c)), acc[u]);
+            }
+            c += 8;
+        }
+        for u in 0..G {
+            let tail: f32 = q[n8..].iter().zip(&keys[u][n8..]).map(|(x, y)| x * y).sum();
+            p[u] = hsum(acc[u]) + tail;
+        }
+    }
+
+    /// o += Σ_u p[u] values[u] for G values.
+    #[inline(always)]
+    unsafe fn accumulate<const G: usize>(values: &[&[f32]], p: &[f32], n8: usize, o: &mut [f32]) {
+        let w: [__m256; G] = std::array::from_fn(|u| _mm256_set1_ps(p[u]));
+        let mut c = 0;
+        while c < n8 {
+            let op = o.as_mut_ptr().add(c);
+            let mut acc = _mm256_loadu_ps(op);
+            for u in 0..G {
+                acc = _mm256_fmadd_ps(w[u], _mm256_loadu_ps(values[u].as_ptr().add(c)), acc);
+            }
+            _mm256_storeu_ps(op, acc);
+            c += 8;
+        }
+        for u in 0..G {
+            for (o, v) in o[n8..].iter_mut().zip(&values[u][n8..]) {
+                *o += p[u] * v;
             }
         }
     }
@@ -194,6 +290,7 @@ pub(crate) fn decode_attention(
     };
     let n_rep = nh / nkv;
     let mut out = vec![0f32; b * nh * t * hd];
+    let simd = available();
     let head = |(bh, out): (usize, &mut [f32])| {
         let (bi, h) = (bh / nh, bh % nh);
         let g = h / n_rep;
@@ -202,23 +299,17 @@ pub(crate) fn decode_attention(
         let mut p = vec![0f32; s];
         for i in 0..t {
             let qr = &qv[q0 + (bh * t + i) * hd..][..hd];
-            for (j, pj) in p.iter_mut().enumerate() {
-                let kr = &kv[kb + j * kst[2]..][..hd];
-                *pj = dot(qr, kr) * scale + mv.map_or(0.0, |m| m[(bi * t + i) * s + j]);
-            }
-            let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for pj in p.iter_mut() {
-                *pj = (*pj - max).exp();
-                sum += *pj;
-            }
+            let mr = mv.map(|m| &m[(bi * t + i) * s..][..s]);
+            let keys = (0..s).map(|j| &kv[kb + j * kst[2]..][..hd]);
+            let values = (0..s).map(|j| &vv[vb + j * vst[2]..][..hd]);
             let o = &mut out[i * hd..][..hd];
-            for (j, pj) in p.iter().enumerate() {
-                let w = pj / sum;
-                for (o, v) in o.iter_mut().zip(&vv[vb + j * vst[2]..][..hd]) {
-                    *o += w * v;
-                }
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: available() checked AVX2 and FMA.
+                unsafe { avx2::attend(qr, keys, values, mr, scale, &mut p, o) };
+                continue;
             }
+            attend(qr, keys, values, mr, scale, &mut p, o, dot, axpy);
         }
     };
     if rayon::current_num_threads() > 1 && b * nh >= 4 {
@@ -227,6 +318,34 @@ pub(crate) fn decode_attention(
         out.chunks_mut(t * hd).enumerate().for_each(head);
     }
     Ok(Some(Tensor::from_vec(out, (b, nh, t, hd), q.device())?))
+}
+
+/// One query row against s keys and values: p = softmax(q·k scale + mask), o = Σ p v.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend<'a>(
+    q: &[f32],
+    keys: impl Iterator<Item = &'a [f32]>,
+    values: impl Iterator<Item = &'a [f32]>,
+    mask: Option<&[f32]>,
+    scale: f32,
+    p: &mut [f32],
+    o: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+    axpy: impl Fn(&mut [f32], f32, &[f32]),
+) {
+    for (j, (pj, k)) in p.iter_mut().zip(keys).enumerate() {
+        *pj = dot(q, k) * scale + mask.map_or(0.0, |m| m[j]);
+    }
+    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for pj in p.iter_mut() {
+        *pj = (*pj - max).exp();
+        sum += *pj;
+    }
+    for (pj, v) in p.iter().zip(values) {
+        axpy(o, pj / sum, v);
+    }
 }
 
 /// A dot product the compiler vectorises (eight independent partial sums).
@@ -245,6 +364,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// o += w v
+fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
+    for (o, v) in o.iter_mut().zip(v) {
+        *o += w * v;
+    }
 }
 
 #[cfg(test)]
