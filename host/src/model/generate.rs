@@ -129,7 +129,7 @@ impl Sampler {
                             acc
                         }
                     });
-            return (best as u32, row[best] - logsumexp(row.iter().copied()));
+            return (best as u32, row[best] - super::rows::logsumexp(row));
         }
         let t = p.temperature as f32;
         let scaled: Vec<f32> = row.iter().map(|&x| x / t).collect();
@@ -155,12 +155,16 @@ impl Sampler {
                 idx.truncate(keep);
             }
         }
-        let lse = logsumexp(idx.iter().map(|&i| scaled[i]));
+        let lse = if filtering {
+            logsumexp(idx.iter().map(|&i| scaled[i]))
+        } else {
+            super::rows::logsumexp(&scaled)
+        };
         let u: f64 = self.rng.random::<f64>();
         let mut cum = 0.0f64;
         let mut chosen = *idx.last().unwrap();
         for &i in &idx {
-            cum += ((scaled[i] - lse) as f64).exp();
+            cum += (scaled[i] - lse).exp() as f64;
             if u < cum {
                 chosen = i;
                 break;

@@ -53,9 +53,72 @@ pub(crate) fn x_wt(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f3
     y
 }
 
+/// log Σ exp(x) over a row of logits (sampling needs it for every generated token's log-prob:
+/// 49k exponentials per row for SmolLM2), with AVX2 exponentials when the CPU has them.
+pub(crate) fn logsumexp(xs: &[f32]) -> f32 {
+    let m = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: available() checked AVX2 and FMA.
+        return m + unsafe { avx2::sum_exp(xs, m) }.ln() as f32;
+    }
+    m + xs.iter().map(|&x| (x - m).exp() as f64).sum::<f64>().ln() as f32
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// Σ exp(x - m) for x ≤ m, in f64 (eight f32 lanes flushed every 512 values).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn sum_exp(xs: &[f32], m: f32) -> f64 {
+        let mv = _mm256_set1_ps(m);
+        let mut total = 0f64;
+        for block in xs.chunks(512) {
+            let mut acc = _mm256_setzero_ps();
+            let chunks = block.chunks_exact(8);
+            let tail = chunks.remainder();
+            for c in chunks {
+                acc = _mm256_add_ps(acc, exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv)));
+            }
+            total += hsum(acc) as f64 + tail.iter().map(|&x| (x - m).exp() as f64).sum::<f64>();
+        }
+        total
+    }
+
+    /// e^x for x ≤ 0 (Cephes' expf: a degree-6 polynomial on x - n ln 2, times 2^n; about
+    /// 1 ulp). Below -87 it returns about 0.
+    #[inline(always)]
+    unsafe fn exp(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(y, pow2)
+    }
 
     /// out (rows, m) = w (rows, k) · x (m, k)ᵀ.
     #[target_feature(enable = "avx2,fma")]
@@ -169,8 +232,16 @@ mod avx2 {
             *pj = *pj * scale + mask.map_or(0.0, |m| m[j]);
         }
         let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for pj in p.iter_mut() {
+        let mv = _mm256_set1_ps(max);
+        let mut chunks = p.chunks_exact_mut(8);
+        let mut acc = _mm256_setzero_ps();
+        for c in &mut chunks {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        let mut sum = hsum(acc);
+        for pj in chunks.into_remainder() {
             *pj = (*pj - max).exp();
             sum += *pj;
         }
@@ -407,6 +478,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn logsumexp_matches_f64_to_float_precision() {
+        for (n, spread) in [(49152usize, 30.0f32), (1000, 5.0), (13, 100.0), (3, 0.0)] {
+            let xs: Vec<f32> = seq(n, 5).iter().map(|v| v * spread).collect();
+            let m = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let want = m + xs.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+            let got = logsumexp(&xs) as f64;
+            assert!(
+                (got - want).abs() <= 2e-6 * want.abs().max(1.0),
+                "n {n}: {got} vs {want}"
+            );
+        }
+        assert_eq!(logsumexp(&[f32::NEG_INFINITY; 4]), f32::NEG_INFINITY);
     }
 
     #[test]
