@@ -97,6 +97,9 @@ fn main() -> anyhow::Result<()> {
     // unused weight gradients), to compare with the frozen-weight matmul.
     let plain = std::env::var_os("MAPORL_BENCH_PLAIN_MATMUL").is_some();
     maporl::model::set_frozen_matmul(!plain);
+    // MAPORL_BENCH_NO_FUSED: candle's elementary ops on the training path instead of the fused
+    // ones (LoRA linear, RMS norm, rope, masked softmax, SiLU gating, token log-probs).
+    maporl::model::set_fused_training_ops(std::env::var_os("MAPORL_BENCH_NO_FUSED").is_none());
     let dev = Device::Cpu;
     if std::env::var_os("MAPORL_BENCH_GEMM").is_some() {
         return gemm_layouts(&dev);

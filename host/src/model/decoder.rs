@@ -617,12 +617,11 @@ impl Base {
             Some((slot, len)) => append_kv(slot, len, &k, &v)?,
             None => (k.contiguous()?, v.contiguous()?),
         };
-        // Grouped-query attention without repeating K and V: the n_rep query heads that share
-        // a KV head are adjacent, so (b, nh, t, hd) reshapes for free to (b, nkv, n_rep * t, hd)
-        // and multiplies that head's keys and values once.
         let n_rep = nh / nkv;
         let s = k.dim(2)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        // Decoding: a few new positions against the cache in one kernel (rows.rs); the batched
+        // matmuls below spent more time packing operands than multiplying.
         if fused && t <= 4 {
             let q = q.contiguous()?;
             if let Some(y) = super::rows::decode_attention(&q, &k, &v, mask, scale as f32)? {
@@ -630,6 +629,9 @@ impl Base {
                 return layer.o.fwd(&y, li, Target::O, lora, false);
             }
         }
+        // Grouped-query attention without repeating K and V: the n_rep query heads that share
+        // a KV head are adjacent, so (b, nh, t, hd) reshapes for free to (b, nkv, n_rep * t, hd)
+        // and multiplies that head's keys and values once.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
         let p = if !fused && fused::applies(&[&scores]) {
