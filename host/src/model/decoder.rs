@@ -121,7 +121,7 @@ impl Lin {
         self.inner.weight()
     }
 
-    /// `train`: the differentiable path, where a LoRA layer is one fused op.
+    /// `train`: the differentiable path (off it, nothing needs the base's gradient).
     fn fwd(
         &self,
         x: &Tensor,
@@ -130,23 +130,14 @@ impl Lin {
         lora: Option<&Lora>,
         train: bool,
     ) -> Result<Tensor> {
-        let w = self.inner.weight();
-        // Off the training path nothing needs the base's gradient (an adapter's vars upstream
-        // would make the input track one): the detached input takes the no-gradient matmul,
-        // the same as a run without the adapter.
+        // Off the training path an adapter's vars upstream would make the input track a
+        // gradient: the detached input takes the no-gradient matmul, the same as a run without
+        // the adapter.
         let base_in = if train { x.clone() } else { x.detach() };
+        let y = super::frozen::linear(&self.inner, &base_in)?;
         match lora.and_then(|l| l.module(layer, t)) {
-            Some(m) if train && !w.track_op() && fused::applies(&[x, w]) => {
-                let dims = x.dims().to_vec();
-                let x2 = x.reshape(((), dims[dims.len() - 1]))?;
-                let (a, b, scale) = m.parts();
-                let y = fused::lora_linear(&x2, w, self.inner.bias(), a, b, scale)?;
-                let mut out = dims;
-                *out.last_mut().unwrap() = w.dim(0)?;
-                Ok(y.reshape(out)?)
-            }
-            Some(m) => Ok((super::frozen::linear(&self.inner, &base_in)? + m.delta(x)?)?),
-            None => Ok(super::frozen::linear(&self.inner, &base_in)?),
+            Some(m) => Ok((y + m.delta(x)?)?),
+            None => Ok(y),
         }
     }
 }

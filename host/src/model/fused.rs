@@ -1,14 +1,13 @@
 //! Fused ops with their own backward, for the differentiable (training) path on CPU in f32.
 //!
 //! candle keeps every intermediate of the autograd graph alive until the loss is dropped, and
-//! its backward adds each gradient into a fresh zero tensor. Built from elementary ops, a LoRA
-//! linear layer, an RMS norm, rotary embeddings, a masked softmax, SiLU-gating and the
-//! log-softmax over a vocabulary each leave several activation-sized tensors behind and cost as
-//! many passes again in backward. Each op here produces one tensor and computes its gradient in
-//! one or two passes: a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the
-//! memory (BENCHMARKS.md). Other devices and dtypes take the elementary ops
-//! ([`applies`] decides); `host/tests/model_fused.rs` checks every op and its gradients
-//! against them.
+//! its backward adds each gradient into a fresh zero tensor. Built from elementary ops, an RMS
+//! norm, rotary embeddings, a masked softmax, SiLU-gating and the log-softmax over a vocabulary
+//! each leave several activation-sized tensors behind and cost as many passes again in
+//! backward. Each op here produces one tensor and computes its gradient in one or two passes:
+//! a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the memory (BENCHMARKS.md).
+//! Other devices and dtypes take the elementary ops ([`applies`] decides);
+//! `host/tests/model_kernels.rs` checks every op and its gradients against them.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -52,117 +51,6 @@ fn tensor_f32s<'a>(s: &'a candle_core::Storage, l: &Layout, op: &str) -> Result<
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
-}
-
-// ---------------------------------------------------------------------------------------
-// LoRA linear: y = x Wᵀ + b + s (x Aᵀ) Bᵀ, W frozen.
-
-struct LoraLinear {
-    /// (out, in), frozen.
-    w: Tensor,
-    bias: Option<Tensor>,
-    scale: f64,
-}
-
-impl CustomOp3 for LoraLinear {
-    fn name(&self) -> &'static str {
-        "lora-linear"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        xl: &Layout,
-        a: &CpuStorage,
-        al: &Layout,
-        b: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
-        let (n, _) = self.w.dims2()?;
-        let (r, ka) = al.shape().dims2()?;
-        let (nb, rb) = bl.shape().dims2()?;
-        if ka != k || nb != n || rb != r {
-            bail!("lora-linear: x {m}x{k}, W {n}x?, A {r}x{ka}, B {nb}x{rb} do not fit");
-        }
-        let (ws, wl) = self.w.storage_and_layout();
-        let candle_core::Storage::Cpu(ws) = &*ws else {
-            bail!("lora-linear: the weight is not on the CPU")
-        };
-        let xw = x.matmul(ws, (1, m, n, k), xl, &wl.transpose(0, 1)?)?;
-        let xa = x.matmul(a, (1, m, r, k), xl, &al.transpose(0, 1)?)?;
-        let xab = xa.matmul(
-            b,
-            (1, m, n, r),
-            &Layout::contiguous((m, r)),
-            &bl.transpose(0, 1)?,
-        )?;
-        let (CpuStorage::F32(mut y), CpuStorage::F32(d)) = (xw, xab) else {
-            bail!("lora-linear: expected f32")
-        };
-        let s = self.scale as f32;
-        for (y, d) in y.iter_mut().zip(&d) {
-            *y += s * d;
-        }
-        if let Some(bias) = &self.bias {
-            let (bs, bl) = bias.storage_and_layout();
-            let bias = tensor_f32s(&bs, bl, "lora-linear bias")?;
-            for row in y.chunks_exact_mut(n) {
-                for (y, b) in row.iter_mut().zip(bias) {
-                    *y += b;
-                }
-            }
-        }
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        a: &Tensor,
-        b: &Tensor,
-        _y: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = g.contiguous()?;
-        // (m, r): the gradient at the adapter's bottleneck.
-        let gb = (g.matmul(b)? * self.scale)?;
-        let grad_x = if x.track_op() {
-            Some((g.matmul(&self.w)? + gb.matmul(a)?)?)
-        } else {
-            None
-        };
-        let grad_a = if a.track_op() {
-            Some(gb.t()?.matmul(x)?)
-        } else {
-            None
-        };
-        let grad_b = if b.track_op() {
-            let xa = (x.matmul(&a.t()?)? * self.scale)?;
-            Some(g.t()?.matmul(&xa)?)
-        } else {
-            None
-        };
-        Ok((grad_x, grad_a, grad_b))
-    }
-}
-
-/// `x Wᵀ + bias + scale (x Aᵀ) Bᵀ` over x (rows, in), with W and the bias frozen.
-pub(crate) fn lora_linear(
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    a: &Tensor,
-    b: &Tensor,
-    scale: f64,
-) -> Result<Tensor> {
-    let op = LoraLinear {
-        w: w.contiguous()?,
-        bias: bias.map(|b| b.contiguous()).transpose()?,
-        scale,
-    };
-    x.contiguous()?
-        .apply_op3(&a.contiguous()?, &b.contiguous()?, op)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -36,11 +36,6 @@ pub(crate) struct LoraModule {
 }
 
 impl LoraModule {
-    /// A (r, in), B (out, r) and the scale alpha / r.
-    pub(crate) fn parts(&self) -> (&Tensor, &Tensor, f64) {
-        (&self.a, &self.b, self.scale)
-    }
-
     pub(crate) fn delta(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().unwrap();
