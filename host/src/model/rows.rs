@@ -1,5 +1,6 @@
-//! Kernels for decoding a few rows at a time: `y = x Wᵀ` without gemm's packing, and
-//! attention of the new positions against the KV cache.
+//! Kernels for decoding a few rows at a time: `y = x Wᵀ` without gemm's packing, attention of
+//! the new positions against the KV cache, and the log-sum-exp over the vocabulary that every
+//! sampled token's log-prob needs.
 //!
 //! At 2 to 16 rows, gemm spends much of its time packing operands and runs its 8 × 6
 //! microkernel on panels it had to transpose. Here each group of 3 weight rows is read once,
