@@ -73,7 +73,9 @@ fn without_timings(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
         .map(|l| {
             let mut l = l.clone();
             let o = l.as_object_mut().unwrap();
-            o.retain(|k, _| !k.ends_with("_seconds") && !k.ends_with("_per_second"));
+            o.retain(|k, _| {
+                !k.ends_with("_seconds") && !k.ends_with("_per_second") && !k.ends_with("_mib")
+            });
             l
         })
         .collect()

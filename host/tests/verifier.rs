@@ -457,9 +457,9 @@ fn verifier_metrics(run: &std::path::Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.ends_with("_seconds") && !k.ends_with("_per_second"));
+            v.as_object_mut().unwrap().retain(|k, _| {
+                !k.ends_with("_seconds") && !k.ends_with("_per_second") && !k.ends_with("_mib")
+            });
             v
         })
         .collect()

@@ -58,8 +58,11 @@ pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
     let summary = warm_start(&config, &mut plugins, &exclude, &out, |step, loss| {
         window.push(loss);
         if (step + 1) % every == 0 {
+            let memory = crate::model::resident_mib()
+                .map(|m| format!(", resident {} MiB (peak {})", m.now, m.peak))
+                .unwrap_or_default();
             println!(
-                "  step {:>5}: loss {:.4}",
+                "  step {:>5}: loss {:.4}{memory}",
                 step + 1,
                 window.iter().sum::<f64>() / window.len() as f64
             );

@@ -26,3 +26,62 @@ pub fn keep_freed_memory() {
         }
     }
 }
+
+/// This process's resident memory now (VmRSS) and its peak so far (VmHWM), in MiB, from
+/// `/proc/self/status`; `None` where there is no such file (not Linux). Every training loop
+/// reports it after its optimizer steps, so a run's memory trend is in its metrics.
+pub fn resident_mib() -> Option<Resident> {
+    Resident::parse(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
+/// Resident memory in MiB: now and the process's peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resident {
+    pub now: u64,
+    pub peak: u64,
+}
+
+impl Resident {
+    /// From the text of a `/proc/PID/status` file.
+    pub fn parse(status: &str) -> Option<Resident> {
+        let field = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            let kb: u64 = line[key.len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            Some(kb / 1024)
+        };
+        Some(Resident {
+            now: field("VmRSS:")?,
+            peak: field("VmHWM:")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_files_are_read_in_mib() {
+        let text = "Name:\tmaporl\nVmPeak:\t 9000000 kB\nVmHWM:\t  2097152 kB\n\
+                    VmRSS:\t  1049600 kB\nThreads:\t2\n";
+        assert_eq!(
+            Resident::parse(text),
+            Some(Resident {
+                now: 1025,
+                peak: 2048
+            })
+        );
+        assert_eq!(Resident::parse("VmRSS:\t12 kB\n"), None, "no peak");
+        assert_eq!(Resident::parse("VmRSS:\tmany kB\nVmHWM:\t1 kB\n"), None);
+        #[cfg(target_os = "linux")]
+        {
+            let r = resident_mib().expect("Linux has /proc/self/status");
+            assert!(r.now > 0 && r.peak >= r.now, "{r:?}");
+        }
+    }
+}

@@ -28,4 +28,4 @@ pub use generate::{
 };
 pub use load::{load, Loaded};
 pub use lora::{Agent, Lora, LoraConfig, ValueHead};
-pub use memory::keep_freed_memory;
+pub use memory::{keep_freed_memory, resident_mib, Resident};

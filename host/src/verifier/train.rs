@@ -83,6 +83,12 @@ struct EpochMetrics<'a> {
     lr: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     validation: Option<&'a Validation>,
+    /// The process's resident memory at the end of the epoch and its peak so far (MiB;
+    /// absent off Linux).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resident_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_resident_mib: Option<u64>,
 }
 
 /// Splits by question: a seeded shuffle of the distinct task ids, the first
@@ -287,12 +293,15 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         step += 1;
         if step % per_epoch == 0 {
             let v = validate(&model)?;
+            let memory = crate::model::resident_mib();
             let line = EpochMetrics {
                 epoch,
                 step,
                 train_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
                 lr,
                 validation: v.as_ref(),
+                resident_mib: memory.map(|m| m.now),
+                peak_resident_mib: memory.map(|m| m.peak),
             };
             let mut f = std::fs::OpenOptions::new()
                 .append(true)

@@ -71,6 +71,12 @@ struct Metrics {
     generated_tokens_per_second: f64,
     /// Response tokens of the update per second of update.
     update_tokens_per_second: f64,
+    /// The process's resident memory after the step and its peak so far (MiB; absent off
+    /// Linux): flat from step to step in a healthy run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resident_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_resident_mib: Option<u64>,
 }
 
 pub fn train(args: TrainArgs) -> anyhow::Result<()> {
@@ -378,6 +384,7 @@ impl Trainer {
             phase(|s| s.optimize_seconds),
             phase(|s| s.backward_seconds),
         );
+        let memory = crate::model::resident_mib();
         Ok(Metrics {
             step,
             learning_rate: lr,
@@ -395,6 +402,8 @@ impl Trainer {
             backward_seconds,
             generated_tokens_per_second: tokens as f64 / rollout.team_time.as_secs_f64().max(1e-9),
             update_tokens_per_second: update_tokens as f64 / update_seconds.max(1e-9),
+            resident_mib: memory.map(|m| m.now),
+            peak_resident_mib: memory.map(|m| m.peak),
         })
     }
 

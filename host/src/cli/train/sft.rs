@@ -29,6 +29,12 @@ struct Metrics {
     grad_norm: f64,
     samples: usize,
     tokens: usize,
+    /// The process's resident memory after the epoch and its peak so far (MiB; absent off
+    /// Linux).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resident_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_resident_mib: Option<u64>,
 }
 
 pub fn run(config: Config) -> anyhow::Result<()> {
@@ -109,6 +115,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 tokens += n as usize;
                 batches += 1;
             }
+            let memory = crate::model::resident_mib();
             let line = Metrics {
                 agent: a,
                 epoch,
@@ -116,6 +123,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 grad_norm: norm_sum / f64::from(batches.max(1)),
                 samples: samples.len(),
                 tokens,
+                resident_mib: memory.map(|m| m.now),
+                peak_resident_mib: memory.map(|m| m.peak),
             };
             println!(
                 "agent {a} epoch {epoch}: loss {:.4} over {} responses",
