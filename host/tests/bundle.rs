@@ -252,6 +252,15 @@ fn round_trip_pack_sign_verify_install_list_resolve_remove() {
             && out.contains("arith/gsm8k@0.1.0  verifier"),
         "{out}"
     );
+    // The built-in reference plugins are listed with the sha256 each is pinned to.
+    for b in maporl::plugin::builtin::all() {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(b.name) && l.trim_end().ends_with(b.sha256)),
+            "{} not listed: {out}",
+            b.name
+        );
+    }
 
     // A run config names the plugins by reference; settings merge over the defaults.
     let config = env.config(PLUGINS, "");

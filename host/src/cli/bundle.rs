@@ -334,6 +334,16 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BundleCommand::List { store } => {
+            // The reference plugins every binary carries, under the names a run config gives.
+            use crate::plugin::builtin;
+            println!(
+                "built in  maporl {}  reference plugins (a run config names them bare: \
+                 `debate`, `final-only.wasm`)",
+                builtin::VERSION
+            );
+            for b in builtin::all() {
+                println!("  {:<12} {:<13} {}", b.name, b.world.to_string(), b.sha256);
+            }
             let store = store.store();
             let all = store.list()?;
             if all.is_empty() {

@@ -12,7 +12,8 @@ use crate::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Ver
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Directory holding debate.wasm, gsm8k.wasm and influence.wasm.
+    /// Directory holding debate.wasm, gsm8k.wasm and influence.wasm (default: the built-in
+    /// reference plugins).
     #[arg(long)]
     plugins: Option<PathBuf>,
     /// Number of questions.
@@ -33,24 +34,30 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let dir = args
-        .plugins
-        .unwrap_or_else(crate::config::reference_plugins_dir);
+    // The built-in reference plugins unless --plugins (or $MAPORL_PLUGINS) names a directory.
+    let dir = args.plugins.or_else(crate::config::plugins_dir_override);
     let runtime = Runtime::new(RuntimeOptions {
         seed: args.seed,
         ..RuntimeOptions::default()
     })?;
     let limits = Limits::default();
     let settings = serde_json::json!({});
-    let path = |name: &str| {
-        let p = dir.join(name);
-        if p.is_file() {
-            Ok(p)
-        } else {
-            Err(anyhow::anyhow!(
-                "{} not found: build the reference plugins first (`cargo xtask plugins`) or pass --plugins DIR",
-                p.display()
-            ))
+    let path = |name: &str| match &dir {
+        None => {
+            let b = crate::plugin::builtin::find(name).expect("a reference plugin");
+            Ok(crate::plugin::builtin::path_of(b))
+        }
+        Some(dir) => {
+            let p = dir.join(name);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(anyhow::anyhow!(
+                    "{} not found: build the plugins there or leave out --plugins (and \
+                     $MAPORL_PLUGINS) for the built-in ones",
+                    p.display()
+                ))
+            }
         }
     };
     let mut plugins = Plugins {

@@ -15,6 +15,7 @@ use crate::transcript::{Task, Transcript};
 pub enum PluginCommand {
     /// Print a component's world, WIT version, imports, exports, size and sha256.
     Inspect {
+        /// A component file, or `builtin:NAME` for a built-in reference plugin.
         file: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -23,6 +24,7 @@ pub enum PluginCommand {
     /// Check that a component implements a world at a compatible WIT version and links
     /// against this host.
     Check {
+        /// A component file, or `builtin:NAME` for a built-in reference plugin.
         file: PathBuf,
         /// protocol, verifier or reward-shaper.
         #[arg(long)]

@@ -563,19 +563,34 @@ impl Config {
     }
 
     /// A plugin's component file: absolute, relative to the working directory when it has a
-    /// directory part, else in `plugins.dir`. (A `bundle/component@req` reference is
-    /// resolved by [`crate::bundle::resolve_plugin`] instead.)
+    /// directory part, else a bare name: in `plugins.dir` (or `$MAPORL_PLUGINS`) when one is
+    /// set, else the built-in reference plugin of that name (`debate`, `final-only.wasm`,
+    /// `final_only.wasm`, ...; see [`crate::plugin::builtin`]). A reference plugin's README
+    /// name also finds its file in a directory (`final-only.wasm` -> `final_only.wasm`).
+    /// (A `bundle/component@req` reference is resolved by
+    /// [`crate::bundle::resolve_plugin`] instead.)
     pub fn plugin_path(&self, plugin: &PluginConfig) -> PathBuf {
+        use crate::plugin::builtin;
+        if plugin.path.starts_with(builtin::PREFIX) {
+            return PathBuf::from(&plugin.path);
+        }
         let path = expand_home(&plugin.path);
         if path.is_absolute() || path.components().count() > 1 {
             return path;
         }
         let dir = if self.plugins.dir.is_empty() {
-            reference_plugins_dir()
+            plugins_dir_override()
         } else {
-            expand_home(&self.plugins.dir)
+            Some(expand_home(&self.plugins.dir))
         };
-        dir.join(path)
+        let reference = builtin::find(&plugin.path);
+        match (dir, reference) {
+            (Some(dir), Some(b)) if !dir.join(&path).exists() => dir.join(b.file),
+            (Some(dir), _) => dir.join(path),
+            (None, Some(b)) => builtin::path_of(b),
+            // Not a reference name: loading it says so and lists the built-ins.
+            (None, None) => PathBuf::from(format!("{}{}", builtin::PREFIX, plugin.path)),
+        }
     }
 }
 
@@ -623,15 +638,12 @@ impl WarmStartConfig {
     }
 }
 
-/// Where the reference plugins are built: `plugins/target/wasm32-wasip2/release` in this
-/// repository, or `$MAPORL_PLUGINS`.
-pub fn reference_plugins_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("MAPORL_PLUGINS") {
-        return PathBuf::from(dir);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("plugins/target/wasm32-wasip2/release")
+/// `$MAPORL_PLUGINS`: a directory that bare plugin names resolve in instead of the
+/// built-in reference plugins (a plugin author's build directory, the tests' fixtures).
+pub fn plugins_dir_override() -> Option<PathBuf> {
+    std::env::var_os("MAPORL_PLUGINS")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
 }
 
 /// `~/x` -> `$HOME/x`.
@@ -817,6 +829,39 @@ mod tests {
             c.plugin_path(&c.plugins.verifier),
             PathBuf::from("./mine/v.wasm")
         );
+        // A reference plugin's README name finds its file in a directory.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("final_only.wasm"), b"").unwrap();
+        let c = Config::parse(
+            &format!(
+                "[plugins]\ndir = {:?}\n[plugins.shaper]\npath = \"final-only.wasm\"\n",
+                dir.path().to_str().unwrap()
+            ),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.plugin_path(&c.plugins.shaper),
+            dir.path().join("final_only.wasm")
+        );
+        // Without a directory, bare names are the built-ins, under either name.
+        if plugins_dir_override().is_none() {
+            for (given, path) in [
+                ("final-only", "builtin:final_only.wasm"),
+                ("final_only.wasm", "builtin:final_only.wasm"),
+                ("debate.wasm", "builtin:debate.wasm"),
+                ("builtin:round-robin", "builtin:round-robin"),
+                ("mine.wasm", "builtin:mine.wasm"),
+            ] {
+                let c =
+                    Config::parse(&format!("[plugins.shaper]\npath = {given:?}\n"), &[]).unwrap();
+                assert_eq!(
+                    c.plugin_path(&c.plugins.shaper),
+                    PathBuf::from(path),
+                    "{given}"
+                );
+            }
+        }
     }
 
     #[test]

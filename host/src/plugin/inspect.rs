@@ -35,7 +35,7 @@ pub struct ExportedInterface {
 
 /// Compiles and describes a component without instantiating it.
 pub fn inspect(runtime: &super::Runtime, path: &Path) -> Result<Inspection, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = super::builtin::read_component(path)?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     let component = runtime.compile(&bytes, &sha256)?;
     Ok(describe(

@@ -14,6 +14,7 @@
 //! [`crate::transcript`].
 
 mod bindings;
+pub mod builtin;
 mod error;
 mod handle;
 mod inspect;

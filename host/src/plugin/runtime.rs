@@ -139,8 +139,8 @@ impl Runtime {
     /// Reads, compiles (or takes from the cache) and checks a component against `world`.
     pub(crate) fn load(&self, path: &Path, world: World) -> Result<Loaded, PluginError> {
         let name = path.display().to_string();
-        let bytes = std::fs::read(path)
-            .map_err(|e| load_error(&name, world, format!("cannot read {name}: {e}")))?;
+        let bytes =
+            super::builtin::read_component(path).map_err(|e| load_error(&name, world, e))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let component = self
             .compile(&bytes, &sha256)
