@@ -11,6 +11,7 @@ pub mod config;
 pub mod data;
 pub mod debate;
 pub mod eval;
+pub mod files;
 pub mod model;
 pub mod plugin;
 pub mod ppo;

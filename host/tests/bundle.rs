@@ -289,7 +289,10 @@ fn round_trip_pack_sign_verify_install_list_resolve_remove() {
         "",
     );
     let [_, path, _] = bundle::resolve_plugins(&mixed).unwrap();
-    assert!(path.bundle.is_none() && path.path.ends_with("exact_match.wasm"));
+    assert!(
+        path.bundle.is_none() && path.path.to_string_lossy().ends_with("exact_match.wasm"),
+        "{path:?}"
+    );
     // A reference to the wrong world, or a component the bundle lacks, is refused by name.
     let wrong = env.config("[plugins.verifier]\npath = \"arith/debate\"\n", "");
     let err = format!("{:#}", bundle::resolve_plugins(&wrong).unwrap_err());

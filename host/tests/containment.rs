@@ -314,3 +314,109 @@ fn judge_without_a_verifier_model_is_a_clear_error_and_with_one_returns_the_host
         vec![0.03, 0.10]
     );
 }
+
+/// Whether `text` is safe on a terminal as the host prints plugin text: no control
+/// character but a newline, and every line after the first marked as continuing the
+/// plugin's message (`  | `), so none passes for a line of the host's.
+fn terminal_safe(text: &str) -> bool {
+    text.lines().enumerate().all(|(i, l)| {
+        !l.chars()
+            .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c))
+            && (i == 0 || l.starts_with("  | "))
+    })
+}
+
+#[test]
+fn plugin_text_reaches_the_terminal_escaped_in_every_world() {
+    let (rt, captured, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    let mut v = verifier(&rt, &Limits::default());
+    let mut s = shaper(&rt, &Limits::default());
+    let t = transcript(2, 1, vec![utterance(1, 0, Some("5"), 1.0, true)]);
+    for mode in ["escape-error", "escape-panic"] {
+        let task = hostile(mode);
+        for err in [
+            p.plan_turn(&task, 1, &transcript(2, 3, vec![]))
+                .unwrap_err(),
+            p.decide(&task, 1, &t).unwrap_err(),
+            v.score(&task, &["5".into()]).unwrap_err(),
+            s.shape(&task, &t).unwrap_err(),
+        ] {
+            let shown = err.to_string();
+            assert!(terminal_safe(&shown), "{mode}: {shown:?}");
+            // What the plugin said is still there, visibly.
+            assert!(
+                shown.contains("forged by the plugin") && shown.contains("\\u{1b}[2J"),
+                "{mode}: {shown:?}"
+            );
+        }
+    }
+    // A file name and a task id from outside are escaped too.
+    let mut task = hostile("escape-error");
+    task.id = "q1\x1b[2K\nerror: forged".into();
+    let shown = p
+        .plan_turn(&task, 1, &transcript(2, 3, vec![]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        terminal_safe(&shown) && shown.contains("q1\\u{1b}[2K\\nerror"),
+        "{shown:?}"
+    );
+    // The log sink (the machine-readable side) gets the line intact; the next calls work.
+    p.plan_turn(&hostile("escape-log"), 1, &transcript(2, 3, vec![]))
+        .unwrap();
+    let lines = captured.lock().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|(_, _, l)| l.contains('\x1b') && l.contains("\nerror: forged")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn plugin_log_lines_and_errors_on_stderr_cannot_forge_or_rewrite_lines() {
+    let input = |question: &str| {
+        json!({
+            "task": {"id": "t1", "kind": "arith", "question": question, "reference": "5"},
+            "turn": 1,
+            "transcript": {"agents": 2, "turns": 3, "utterances": []},
+        })
+        .to_string()
+    };
+    let file = plugin("hostile_protocol");
+    for (question, ok) in [("escape-log", true), ("escape-panic", false)] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+            .args([
+                "plugin",
+                "call",
+                file.to_str().unwrap(),
+                "plan-turn",
+                "--input",
+            ])
+            .arg(input(question))
+            .env("MAPORL_PLUGIN_LOG", "debug")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), ok, "{question}: {out:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        for line in stderr.lines() {
+            assert!(
+                !line.chars().any(|c| c.is_control()),
+                "{question}: a control character reached the terminal: {line:?}"
+            );
+            if line.contains("forged by the plugin") {
+                // A log line is tagged; an error's own lines are the host's, the plugin's
+                // text inside them is marked as continuing (`  | `).
+                assert!(
+                    ["[plugin ", "error: ", "  caused by: ", "  | "]
+                        .iter()
+                        .any(|p| line.starts_with(p))
+                        && !line.starts_with("error: forged"),
+                    "{question}: plugin text on a line of its own: {line:?}"
+                );
+            }
+        }
+        assert!(stderr.contains("forged by the plugin"), "{stderr}");
+    }
+}

@@ -65,8 +65,7 @@ impl Manifest {
     /// Reads and checks `DIR/bundle.toml`.
     pub fn read(dir: &Path) -> anyhow::Result<(Manifest, Vec<u8>)> {
         let path = dir.join(MANIFEST);
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = crate::files::read_regular(&path, crate::files::TEXT_MAX, "bundle manifest")?;
         let manifest = Manifest::parse(&bytes).with_context(|| format!("in {}", path.display()))?;
         Ok((manifest, bytes))
     }
@@ -221,8 +220,8 @@ pub struct NewBundle {
 pub fn pack(runtime: &Runtime, dir: &Path, new: &NewBundle) -> anyhow::Result<Manifest> {
     let path = dir.join(MANIFEST);
     let mut manifest = if path.is_file() {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text =
+            crate::files::read_regular_text(&path, crate::files::TEXT_MAX, "bundle manifest")?;
         let mut m: Manifest = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("in {}", path.display()))?;

@@ -142,8 +142,7 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn read_key_file(path: &Path) -> anyhow::Result<KeyFile> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read key file {}", path.display()))?;
+    let text = crate::files::read_regular_text(path, crate::files::TEXT_MAX, "key file")?;
     let file: KeyFile = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("key file {} is not a maporl key", path.display()))?;
@@ -194,8 +193,7 @@ pub fn sign(key: &SigningKey, manifest: &[u8]) -> SignatureFile {
 
 impl SignatureFile {
     pub fn read(path: &Path) -> anyhow::Result<SignatureFile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = crate::files::read_regular_text(path, crate::files::TEXT_MAX, "signature")?;
         toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("{} is not a maporl bundle signature", path.display()))

@@ -117,7 +117,7 @@ pub fn check_signature(
 /// hash.
 pub fn check_hash(dir: &Path, file: &str, expected: &str) -> anyhow::Result<String> {
     let path = dir.join(file);
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = crate::files::read_regular(&path, crate::files::COMPONENT_MAX, "bundle component")?;
     let actual = sha256_hex(&bytes);
     if actual != expected {
         bail!(

@@ -10,7 +10,7 @@ use crate::bundle::{
     self, oci, Manifest, NewBundle, SignatureFile, Store, Trust, TrustPolicy, TrustedKeys,
     MANIFEST, SIGNATURE,
 };
-use crate::plugin::{Runtime, RuntimeOptions};
+use crate::plugin::{printable, Runtime, RuntimeOptions};
 
 #[derive(Subcommand)]
 pub enum BundleCommand {
@@ -233,13 +233,18 @@ impl StoreArgs {
         if bundle::is_bundle_dir(path) {
             return Ok(path.to_path_buf());
         }
+        let manifest = path.join(MANIFEST);
+        if manifest.exists() {
+            // There, but not a regular file (a FIFO, a device): say what it is.
+            crate::files::read_regular(&manifest, crate::files::TEXT_MAX, "bundle manifest")?;
+        }
         let (name, req) = bundle::split_name_version(bundle);
         let looks_installed = bundle::check_name("bundle", name).is_ok() && !path.exists();
         if !looks_installed {
             bail!(
                 "{bundle} is not a bundle directory: {} does not exist (run `maporl bundle \
                  pack {bundle}` first)",
-                path.join(MANIFEST).display()
+                manifest.display()
             );
         }
         let req = match req {
@@ -359,7 +364,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
                     if m.bundle.description.is_empty() {
                         String::new()
                     } else {
-                        format!("  {}", m.bundle.description)
+                        format!("  {}", printable(&m.bundle.description))
                     }
                 );
                 for c in &m.components {
@@ -531,7 +536,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
 
 fn bundle_check_hash(dir: &Path, file: &str, sha256: &str) -> anyhow::Result<()> {
     let path = dir.join(file);
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = crate::files::read_regular(&path, crate::files::COMPONENT_MAX, "bundle component")?;
     let actual = bundle::sha256_hex(&bytes);
     if actual != sha256 {
         bail!(
@@ -608,19 +613,25 @@ fn inspect(dir: &Path, json: bool, policy: &TrustPolicy) -> anyhow::Result<()> {
     let b = &m.bundle;
     println!("bundle:      {}", b.name);
     println!("version:     {}", b.version);
-    println!("description: {}", b.description);
-    println!("licence:     {}", b.licence);
-    println!("authors:     {}", b.authors.join(", "));
+    // Free text from whoever packed the bundle: escaped for the terminal.
+    println!("description: {}", printable(&b.description));
+    println!("licence:     {}", printable(&b.licence));
+    println!("authors:     {}", printable(&b.authors.join(", ")));
     println!("wit:         {}", b.wit);
     println!("signature:   {signature}");
     println!("components:");
     for c in &m.components {
-        let state = match std::fs::read(dir.join(&c.file)) {
+        let read = crate::files::read_regular(
+            &dir.join(&c.file),
+            crate::files::COMPONENT_MAX,
+            "bundle component",
+        );
+        let state = match read {
             Ok(data) if bundle::sha256_hex(&data) == c.sha256 => {
                 format!("{} bytes, sha256 ok", data.len())
             }
             Ok(_) => "sha256 MISMATCH (changed after packing)".to_string(),
-            Err(e) => format!("missing: {e}"),
+            Err(e) => format!("unreadable: {e:#}"),
         };
         println!(
             "  {}/{}@{}  world {}  file {}  ({state})",

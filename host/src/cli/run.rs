@@ -257,10 +257,15 @@ pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
 pub fn evaluate(config: Config) -> anyhow::Result<()> {
     let run_dir = PathBuf::from(&config.run_dir);
     let (tasks, _) = held_out(tasks(&config)?, &config)?;
+    // Everything that can refuse the run (model, plugins, limits) before anything is
+    // written: a refused run leaves no directory behind.
+    let mut setup = Setup::new(config)?;
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-    write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
-    let mut setup = Setup::new(config)?;
+    write_atomic(
+        &run_dir.join("config.toml"),
+        setup.config.to_toml().as_bytes(),
+    )?;
     setup.lock.write(&run_dir)?;
     let started = Instant::now();
     let (debates, plugin_time, team_time) = setup.debate_all(&tasks, "debating")?;

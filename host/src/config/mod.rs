@@ -382,8 +382,7 @@ impl Config {
     /// Reads `path`, applies `overrides` ("key.path=value", value in TOML syntax or a bare
     /// string) and checks the result.
     pub fn load(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let text = crate::files::read_regular_text(path, crate::files::TEXT_MAX, "config")?;
         let mut config = Config::parse(&text, overrides)
             .with_context(|| format!("in config {}", path.display()))?;
         if config.run_dir.is_empty() {
@@ -432,6 +431,15 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        for (slot, p) in [
+            ("protocol", &self.plugins.protocol),
+            ("verifier", &self.plugins.verifier),
+            ("shaper", &self.plugins.shaper),
+        ] {
+            p.limits
+                .check()
+                .map_err(|e| anyhow::anyhow!("plugins.{slot}.{e}"))?;
+        }
         let known = ["arithmetic", "gsm8k", "anli", "jsonl"];
         if !known.contains(&self.data.source.as_str()) {
             bail!(

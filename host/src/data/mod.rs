@@ -110,8 +110,7 @@ fn read_jsonl(
     path: &Path,
     mut parse: impl FnMut(usize, &serde_json::Value) -> anyhow::Result<Task>,
 ) -> anyhow::Result<Vec<Task>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read dataset {}", path.display()))?;
+    let text = crate::files::read_regular_text(path, crate::files::DATASET_MAX, "dataset")?;
     let mut tasks = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;

@@ -62,9 +62,9 @@ pub(crate) fn read_component(path: &Path) -> Result<Cow<'static, [u8]>, String> 
             )),
         };
     }
-    std::fs::read(path)
+    crate::files::read_regular(path, crate::files::COMPONENT_MAX, "plugin component")
         .map(Cow::Owned)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// The built-ins' names, for messages: `debate (protocol), ...`.

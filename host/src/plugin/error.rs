@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::printable::{printable, printable_lines};
 use super::World;
 
 /// Why a plugin call failed.
@@ -31,7 +32,7 @@ pub enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Load(msg) => write!(f, "cannot load: {msg}"),
+            Failure::Load(msg) => write!(f, "cannot load: {}", printable_lines(msg)),
             Failure::OutOfFuel { budget } => write!(
                 f,
                 "ran out of fuel (budget {budget} per call): an endless loop, or far more work \
@@ -49,10 +50,12 @@ impl fmt::Display for Failure {
                 limit / (1 << 20)
             ),
             Failure::StackOverflow => write!(f, "stack overflow (runaway recursion?)"),
-            Failure::Panic(msg) => write!(f, "panicked: {msg}"),
-            Failure::Trap(msg) => write!(f, "trapped: {msg}"),
-            Failure::Returned(msg) => write!(f, "returned an error: {msg}"),
-            Failure::Invalid(msg) => write!(f, "returned an invalid result: {msg}"),
+            Failure::Panic(msg) => write!(f, "panicked: {}", printable_lines(msg)),
+            Failure::Trap(msg) => write!(f, "trapped: {}", printable_lines(msg)),
+            Failure::Returned(msg) => write!(f, "returned an error: {}", printable_lines(msg)),
+            Failure::Invalid(msg) => {
+                write!(f, "returned an invalid result: {}", printable_lines(msg))
+            }
         }
     }
 }
@@ -80,13 +83,17 @@ impl PluginError {
 
 impl fmt::Display for PluginError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The file name and the task id come from outside (a bundle someone sent, a
+        // dataset): shown escaped, like everything the plugin said.
         write!(
             f,
             "plugin {} (world {}) failed in `{}`",
-            self.plugin, self.world, self.function
+            printable(&self.plugin),
+            self.world,
+            self.function
         )?;
         if let Some(task) = &self.task {
-            write!(f, " on task `{task}`")?;
+            write!(f, " on task `{}`", printable(task))?;
         }
         write!(f, ": {}", self.failure)
     }

@@ -58,6 +58,9 @@ impl<B: WorldBindings> Handle<B> {
         settings: &serde_json::Value,
         limits: &Limits,
     ) -> Result<Self, PluginError> {
+        limits
+            .check()
+            .map_err(|e| load_error(&path.display().to_string(), B::WORLD, e))?;
         let loaded = runtime.load(path, B::WORLD)?;
         let fail = |msg: String| load_error(&loaded.name, B::WORLD, msg);
         let pre = runtime

@@ -163,10 +163,12 @@ impl Runtime {
             .cache_dir
             .as_ref()
             .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_key)));
-        if let Some(file) = cached.as_ref().filter(|f| f.is_file()) {
+        if let Some(file) = cached.as_ref().filter(|f| f.exists()) {
             // Read into memory rather than mmap: a cache file changed by someone else while
             // mapped would crash the process (SIGBUS) instead of failing cleanly.
-            let bytes = std::fs::read(file).unwrap_or_default();
+            let bytes =
+                crate::files::read_regular(file, crate::files::COMPILED_MAX, "cached component")
+                    .unwrap_or_default();
             // SAFETY: the cache holds only files this host serialized (written atomically,
             // named by the source's sha256 and the engine's compatibility hash); wasmtime
             // still checks the header and engine compatibility, and a file that fails is

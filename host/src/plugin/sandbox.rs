@@ -40,6 +40,23 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Refuses limits under which no call could run: a zero budget, deadline or memory cap
+    /// (the error names the key).
+    pub fn check(&self) -> Result<(), String> {
+        for (key, v) in [
+            ("fuel", self.fuel),
+            ("deadline_ms", self.deadline_ms),
+            ("memory_mib", self.memory_mib),
+        ] {
+            if v == 0 {
+                return Err(format!(
+                    "limits.{key} = 0: no call could run; expected at least 1"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn memory_bytes(&self) -> usize {
         usize::try_from(self.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
@@ -75,6 +92,9 @@ pub enum LogLevel {
 pub type LogSink = Arc<dyn Fn(&str, LogLevel, &str) + Send + Sync>;
 
 /// The default sink: warnings and errors on stderr, everything with MAPORL_PLUGIN_LOG=debug.
+/// Each log call is one line, `[plugin FILE] Level: text`, with everything a terminal would
+/// act on in the name and the text escaped ([`super::printable`]): a plugin can neither
+/// rewrite the screen nor print a line that passes for the host's or another plugin's.
 pub fn stderr_sink() -> LogSink {
     let threshold = match std::env::var("MAPORL_PLUGIN_LOG").as_deref() {
         Ok("debug") => LogLevel::Debug,
@@ -84,9 +104,19 @@ pub fn stderr_sink() -> LogSink {
     };
     Arc::new(move |plugin, level, line| {
         if level >= threshold {
-            eprintln!("[plugin {plugin}] {level:?}: {line}");
+            eprintln!("{}", log_line(plugin, level, line));
         }
     })
+}
+
+/// How the default sink shows a plugin's log line.
+pub(crate) fn log_line(plugin: &str, level: LogLevel, line: &str) -> String {
+    use super::printable::printable;
+    format!(
+        "[plugin {}] {level:?}: {}",
+        printable(plugin),
+        printable(line)
+    )
 }
 
 /// Most log text one call may write; the rest is dropped with a note.

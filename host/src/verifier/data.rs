@@ -2,7 +2,6 @@
 //! verifier plugin (so extraction rules are the plugins'), balanced per question, as JSONL.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -137,15 +136,13 @@ pub fn write_jsonl(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
 
 /// Reads samples from JSONL; errors name the file and line.
 pub fn read_jsonl(path: &Path) -> anyhow::Result<Vec<Sample>> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot read verifier data {}", path.display()))?;
+    let text = crate::files::read_regular_text(path, crate::files::DATASET_MAX, "verifier data")?;
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
+    for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let s: Sample = serde_json::from_str(&line).with_context(|| {
+        let s: Sample = serde_json::from_str(line).with_context(|| {
             format!(
                 "{}:{}: not a verifier sample (task_id, question, response, correct)",
                 path.display(),

@@ -129,9 +129,11 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
     if samples.is_empty() {
         bail!("verifier data {} holds no answers", opts.data.display());
     }
-    let data_sha256 = hex::encode(Sha256::digest(
-        std::fs::read(&opts.data).with_context(|| format!("reading {}", opts.data.display()))?,
-    ));
+    let data_sha256 = hex::encode(Sha256::digest(crate::files::read_regular(
+        &opts.data,
+        crate::files::DATASET_MAX,
+        "verifier data",
+    )?));
     let (train_idx, val_idx) = split(&samples, t.val_fraction, opts.seed);
     if train_idx.is_empty() {
         bail!(

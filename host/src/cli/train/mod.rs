@@ -162,21 +162,14 @@ impl Trainer {
         } else {
             vec![]
         };
-        std::fs::create_dir_all(&run_dir)
-            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-        if resume_from.is_none() {
-            write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
-        }
+        // Everything that can refuse the run (model, plugins, limits, the agents' set-up)
+        // comes before anything is written: a refused run leaves no directory behind.
         let mut setup = Setup::new(config)?;
+        let mut changes = Vec::new();
         if resume_from.is_some() {
             // The plugins must be the ones the run started with (plugins.lock).
-            for change in
-                crate::bundle::check_lock(&run_dir, &setup.lock, args.allow_plugin_change)?
-            {
-                eprintln!("warning: resuming with a changed plugin: {change}");
-            }
+            changes = crate::bundle::check_lock(&run_dir, &setup.lock, args.allow_plugin_change)?;
         }
-        setup.lock.write(&run_dir)?;
         let cfg = setup.config.clone();
         let plugin_hashes = PluginHashes::of(&setup.plugins);
         let learner_ids: Vec<u32> = match cfg.train.mode.as_str() {
@@ -193,6 +186,15 @@ impl Trainer {
                     .with_context(|| format!("setting up agent {a} for training"))?,
             );
         }
+        for change in changes {
+            eprintln!("warning: resuming with a changed plugin: {change}");
+        }
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+        if resume_from.is_none() {
+            write_atomic(&run_dir.join("config.toml"), cfg.to_toml().as_bytes())?;
+        }
+        setup.lock.write(&run_dir)?;
         let mut trainer = Trainer {
             setup,
             cfg,

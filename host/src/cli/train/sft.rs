@@ -46,10 +46,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let (held, tasks) = held_out(tasks(&config)?, &config)?;
+    // Refusals (model, plugins, limits) come before anything is written.
+    let mut setup = Setup::new(config)?;
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-    write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
-    let mut setup = Setup::new(config)?;
+    write_atomic(
+        &run_dir.join("config.toml"),
+        setup.config.to_toml().as_bytes(),
+    )?;
     setup.lock.write(&run_dir)?;
     let cfg = setup.config.clone();
     let sft = &cfg.train.sft;

@@ -14,6 +14,9 @@
 //! | `read-file` | reads /etc/passwd: its first line in the output, or the io error   |
 //! | `env`       | an error listing the environment variables and arguments seen      |
 //! | `clock`     | an error "clock: <secs> <nanos> random: <u64>" (wall clock, random)|
+//! | `escape-error` | returns [`TERMINAL_ATTACK`] as its error                        |
+//! | `escape-panic` | panics with [`TERMINAL_ATTACK`]                                 |
+//! | `escape-log`   | (protocol) logs [`TERMINAL_ATTACK`] at level error, then behaves |
 //!
 //! Any other mode: the fixture behaves (or applies a world-specific misbehaviour).
 
@@ -37,6 +40,12 @@ pub enum Outcome {
 
 /// The panic message of mode `panic`.
 pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
+
+/// Text that attacks the terminal it is printed on: a forged host error on a new line, a
+/// carriage return that overwrites the line, clear-screen and colour sequences, a window
+/// title (OSC ... BEL), an 8-bit CSI, a bidi override and a line separator.
+pub const TERMINAL_ATTACK: &str = "fine\nerror: forged by the plugin\r[plugin other.wasm] Error: \
+     x\x1b[2J\x1b[31mred\x1b]0;pwned\x07\u{9b}1A\u{202e}gpj.exe\u{2028}end";
 
 /// Bytes allocated by mode `alloc`.
 pub const ALLOC_BYTES: usize = 1 << 30;
@@ -65,6 +74,8 @@ pub fn misbehave(mode: &str) -> Outcome {
             Outcome::Error(format!("env: {vars:?} args: {args:?}"))
         }
         "clock" => Outcome::Error(clock()),
+        "escape-error" => Outcome::Error(TERMINAL_ATTACK.to_string()),
+        "escape-panic" => panic!("{TERMINAL_ATTACK}"),
         _ => Outcome::Normal,
     }
 }

@@ -78,6 +78,9 @@ impl bindings::exports::maporl::plugin::collaboration::Guest for Hostile {
     }
 
     fn plan_turn(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<Prompt>, String> {
+        if task.question.trim() == "escape-log" {
+            log(Level::Error, maporl_hostile_common::TERMINAL_ATTACK);
+        }
         let (plan, normal) = plan(&task, &transcript)?;
         if normal {
             log(
