@@ -420,3 +420,178 @@ fn plugin_log_lines_and_errors_on_stderr_cannot_forge_or_rewrite_lines() {
         assert!(stderr.contains("forged by the plugin"), "{stderr}");
     }
 }
+
+#[test]
+fn a_plugin_that_sleeps_is_stopped_at_once_in_every_world() {
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    let mut v = verifier(&rt, &Limits::default());
+    let mut s = shaper(&rt, &Limits::default());
+    let t = transcript(2, 1, vec![utterance(1, 0, Some("5"), 1.0, true)]);
+    let started = std::time::Instant::now();
+    let task = hostile("sleep");
+    for (err, world, function) in [
+        (
+            p.plan_turn(&task, 1, &transcript(2, 3, vec![]))
+                .unwrap_err(),
+            "protocol",
+            "plan-turn",
+        ),
+        (
+            v.score(&task, &["5".into()]).unwrap_err(),
+            "verifier",
+            "score",
+        ),
+        (s.shape(&task, &t).unwrap_err(), "reward-shaper", "shape"),
+    ] {
+        let file = format!("hostile_{}.wasm", world.split('-').next_back().unwrap());
+        let f = failure(err, &file, world, function, "task-sleep");
+        assert!(
+            matches!(&f, Failure::Trap(m) if m.contains("may not sleep")),
+            "{world}: {f:?}"
+        );
+    }
+    // An hour each, were the sleeps honoured; the bound here only has to tell the two apart.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    // Every handle keeps working.
+    p.plan_turn(&hostile("fine"), 1, &transcript(2, 3, vec![]))
+        .unwrap();
+    v.score(&hostile("fine"), &["5".into()]).unwrap();
+    s.shape(&hostile("fine"), &t).unwrap();
+}
+
+#[test]
+fn judge_refuses_more_work_than_a_call_may_ask_for() {
+    /// Counts the responses it is asked to judge.
+    struct Counting(std::sync::atomic::AtomicUsize);
+    impl maporl::plugin::Judge for Counting {
+        fn judge(&self, _q: &str, responses: &[String]) -> Result<Vec<f32>, String> {
+            self.0
+                .fetch_add(responses.len(), std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![0.5; responses.len()])
+        }
+    }
+    let counting = Arc::new(Counting(Default::default()));
+    let (rt, _, _c) = runtime_with(0, Some(counting.clone()));
+    let limits = Limits {
+        memory_mib: 256,
+        ..Limits::default()
+    };
+    let mut v = verifier(&rt, &limits);
+    for (mode, needle) in [
+        ("judge-many", "100000 responses in one call"),
+        ("judge-often", "per call"),
+        ("judge-long-question", "the question is 16777216 bytes"),
+        ("judge-long-response", "response 0 is 16777216 bytes"),
+    ] {
+        let before = counting.0.load(std::sync::atomic::Ordering::SeqCst);
+        let err = v.score(&hostile(mode), &["5".into()]).unwrap_err();
+        let f = failure(
+            err,
+            "hostile_verifier.wasm",
+            "verifier",
+            "score",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Returned(m) if m.contains("judge refused") && m.contains(needle)),
+            "{mode}: {f:?}"
+        );
+        let judged = counting.0.load(std::sync::atomic::Ordering::SeqCst) - before;
+        assert!(
+            judged <= maporl::plugin::JUDGE_MAX_RESPONSES_PER_CALL,
+            "{mode}: the host judged {judged} responses in one call"
+        );
+        v.score(&hostile("judge"), &["5".into()]).unwrap();
+    }
+}
+
+#[test]
+fn results_that_type_check_but_make_no_sense_are_refused() {
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    let mut s = shaper(&rt, &Limits::default());
+    let said = transcript(
+        3,
+        1,
+        vec![
+            utterance(1, 0, Some("5"), 1.0, true),
+            utterance(1, 1, Some("6"), 0.0, false),
+        ],
+    );
+    // Decisions: an answer nobody gave, one twice, more answers than agents.
+    for (mode, needle) in [
+        ("foreign-answer", "given by no agent"),
+        ("duplicate-answer", "twice"),
+        ("many-answers", "more than the team's 3 agents"),
+    ] {
+        let err = p.decide(&hostile(mode), 1, &said).unwrap_err();
+        let f = failure(
+            err,
+            "hostile_protocol.wasm",
+            "protocol",
+            "decide",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Invalid(m) if m.contains(needle)),
+            "{mode}: {f:?}"
+        );
+        assert!(
+            f.to_string().len() < 2_000,
+            "{mode}: the message stays short"
+        );
+    }
+    assert_eq!(p.decide(&hostile("fine"), 1, &said).unwrap(), vec!["5"]);
+    // A prompt of 8 MiB is refused before anything tokenizes it, by the configured bound.
+    let err = p
+        .plan_turn(&hostile("huge-prompt"), 1, &transcript(2, 3, vec![]))
+        .unwrap_err();
+    let f = failure(
+        err,
+        "hostile_protocol.wasm",
+        "protocol",
+        "plan-turn",
+        "task-huge-prompt",
+    );
+    assert!(
+        matches!(&f, Failure::Invalid(m) if m.contains("8388608 bytes") && m.contains("max_prompt_bytes")),
+        "{f:?}"
+    );
+    let roomy = Limits {
+        max_prompt_bytes: 16 << 20,
+        memory_mib: 256,
+        ..Limits::default()
+    };
+    let mut p2 = protocol(&rt, &roomy);
+    assert_eq!(
+        p2.plan_turn(&hostile("huge-prompt"), 1, &transcript(2, 3, vec![]))
+            .unwrap()
+            .len(),
+        2,
+        "the bound is the config's"
+    );
+    // Rewards: finite but absurd, in the total or in a part.
+    for (mode, needle) in [
+        ("huge-reward", "1000000000000000000000000000000"),
+        ("huge-part", "`bonus`"),
+    ] {
+        let err = s.shape(&hostile(mode), &said).unwrap_err();
+        let f = failure(
+            err,
+            "hostile_shaper.wasm",
+            "reward-shaper",
+            "shape",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Invalid(m) if m.contains(needle) && m.contains("max_abs_reward")),
+            "{mode}: {f:?}"
+        );
+    }
+    assert_eq!(s.shape(&hostile("fine"), &said).unwrap().len(), 2);
+}

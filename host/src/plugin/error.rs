@@ -15,7 +15,7 @@ pub enum Failure {
     OutOfFuel { budget: u64 },
     /// The call ran past its wall-clock deadline.
     Deadline { millis: u64 },
-    /// The plugin tried to grow its memory past the cap.
+    /// The plugin tried to grow its memories and tables past the cap (on their sum).
     MemoryCap { desired: usize, limit: usize },
     /// The plugin recursed past the stack limit.
     StackOverflow,
@@ -45,7 +45,8 @@ impl fmt::Display for Failure {
             ),
             Failure::MemoryCap { desired, limit } => write!(
                 f,
-                "memory cap exceeded: tried to grow linear memory to {} MiB, the cap is {} MiB",
+                "memory cap exceeded: its memories and tables would take {} MiB in all, the cap \
+                 is {} MiB",
                 desired.div_ceil(1 << 20),
                 limit / (1 << 20)
             ),

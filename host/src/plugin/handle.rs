@@ -93,6 +93,11 @@ impl<B: WorldBindings> Handle<B> {
         Ok(handle)
     }
 
+    /// The limits every call runs under, and that its results are checked against.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The learned verifier the plugin's `judge` calls reach, if the run has one.
     pub fn judge(&self) -> Option<&std::sync::Arc<dyn super::Judge>> {
         self.judge.as_ref()
@@ -148,7 +153,7 @@ impl<B: WorldBindings> Handle<B> {
     }
 
     fn arm(&self, store: &mut Store<Sandbox>) {
-        store.data_mut().begin_call();
+        store.data_mut().begin_call(self.limits.deadline_ms);
         store
             .set_fuel(self.limits.fuel)
             .expect("fuel is enabled on the engine");

@@ -79,7 +79,12 @@ impl Protocol {
                 .call_plan_turn(store, &wtask, turn, &wtranscript)
         })?;
         let plan: Vec<Prompt> = plan.into_iter().map(Prompt::from).collect();
-        validate_plan(&plan, transcript.agents).map_err(|msg| {
+        validate_plan(
+            &plan,
+            transcript.agents,
+            self.handle.limits().max_prompt_bytes,
+        )
+        .map_err(|msg| {
             self.handle
                 .error("plan-turn", Some(&task.id), Failure::Invalid(msg))
         })?;
@@ -95,10 +100,15 @@ impl Protocol {
         transcript: &Transcript,
     ) -> Result<Vec<String>, PluginError> {
         let (wtask, wtranscript) = (without_reference(task), wit::Transcript::from(transcript));
-        self.handle.call("decide", Some(&task.id), |p, store| {
+        let answers = self.handle.call("decide", Some(&task.id), |p, store| {
             p.maporl_plugin_collaboration()
                 .call_decide(store, &wtask, turn, &wtranscript)
-        })
+        })?;
+        validate_decision(&answers, turn, transcript).map_err(|msg| {
+            self.handle
+                .error("decide", Some(&task.id), Failure::Invalid(msg))
+        })?;
+        Ok(answers)
     }
 }
 
@@ -110,9 +120,58 @@ fn without_reference(task: &Task) -> wit::Task {
     }
 }
 
-fn validate_plan(plan: &[Prompt], agents: u32) -> Result<(), String> {
+/// The team's answer must be one an agent gave by that turn (else the team would be
+/// credited with an answer nobody said; a protocol may weigh earlier turns' answers, as
+/// round-robin does), each at most once, no more of them than agents.
+fn validate_decision(answers: &[String], turn: u32, transcript: &Transcript) -> Result<(), String> {
+    let given: HashSet<&str> = transcript
+        .utterances
+        .iter()
+        .filter(|u| u.turn <= turn)
+        .filter_map(|u| u.answer.as_deref())
+        .collect();
+    if answers.len() > transcript.agents as usize {
+        return Err(format!(
+            "decided {} answers at turn {turn}, more than the team's {} agents",
+            answers.len(),
+            transcript.agents
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (i, a) in answers.iter().enumerate() {
+        if !given.contains(a.as_str()) {
+            return Err(format!(
+                "answer {i} ({:?}) was given by no agent up to turn {turn} (their answers: {:?})",
+                shorten(a),
+                given.iter().map(|g| shorten(g)).collect::<Vec<_>>()
+            ));
+        }
+        if !seen.insert(a.as_str()) {
+            return Err(format!("answer {:?} is decided twice", shorten(a)));
+        }
+    }
+    Ok(())
+}
+
+/// At most 80 characters of `s`, for messages.
+fn shorten(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}...", &s[..cut]),
+        None => s.to_string(),
+    }
+}
+
+fn validate_plan(plan: &[Prompt], agents: u32, max_bytes: u64) -> Result<(), String> {
     let mut seen = HashSet::new();
     for (i, prompt) in plan.iter().enumerate() {
+        let bytes: usize = prompt.messages.iter().map(|m| m.content.len()).sum();
+        if bytes as u64 > max_bytes {
+            return Err(format!(
+                "prompt {i} for agent {} holds {bytes} bytes of messages, over the limit of \
+                 {max_bytes} (limits.max_prompt_bytes)",
+                prompt.agent
+            ));
+        }
         if prompt.agent >= agents {
             return Err(format!(
                 "prompt {i} is for agent {}, but the team has {agents} agents (0..{})",
@@ -153,18 +212,61 @@ mod tests {
 
     #[test]
     fn plans_are_checked_against_the_team() {
-        assert!(validate_plan(&[prompt(0), prompt(1)], 2).is_ok());
-        assert!(validate_plan(&[], 2).is_ok());
-        let err = validate_plan(&[prompt(0), prompt(2)], 2).unwrap_err();
+        assert!(validate_plan(&[prompt(0), prompt(1)], 2, 1 << 20).is_ok());
+        assert!(validate_plan(&[], 2, 1 << 20).is_ok());
+        let err = validate_plan(&[prompt(0), prompt(2)], 2, 1 << 20).unwrap_err();
         assert!(err.contains("agent 2") && err.contains("2 agents"), "{err}");
-        let err = validate_plan(&[prompt(1), prompt(1)], 3).unwrap_err();
+        let err = validate_plan(&[prompt(1), prompt(1)], 3, 1 << 20).unwrap_err();
         assert!(err.contains("twice"), "{err}");
         let empty = Prompt {
             agent: 0,
             messages: vec![],
         };
-        assert!(validate_plan(&[empty], 1)
+        assert!(validate_plan(&[empty], 1, 1 << 20)
             .unwrap_err()
             .contains("no messages"));
+        // One byte over the limit, across two messages.
+        let mut long = prompt(0);
+        long.messages.push(long.messages[0].clone());
+        assert!(validate_plan(&[long.clone()], 1, 2).is_ok());
+        let err = validate_plan(&[long], 1, 1).unwrap_err();
+        assert!(
+            err.contains("2 bytes") && err.contains("max_prompt_bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn decisions_are_answers_the_agents_gave_by_that_turn() {
+        use crate::transcript::Utterance;
+        let mut t = Transcript::new(3, 2);
+        for (turn, agent, answer) in [(1, 0, "5"), (1, 1, "6"), (1, 2, "5"), (2, 0, "7")] {
+            t.utterances.push(Utterance {
+                turn,
+                agent,
+                text: String::new(),
+                answer: Some(answer.into()),
+                score: 0.0,
+                correct: false,
+            });
+        }
+        let ok = |a: &[&str], turn| {
+            let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+            validate_decision(&a, turn, &t)
+        };
+        assert!(ok(&["5"], 1).is_ok() && ok(&["5", "6"], 1).is_ok() && ok(&[], 1).is_ok());
+        assert!(
+            ok(&["7"], 2).is_ok() && ok(&["5", "7"], 2).is_ok(),
+            "earlier turns count"
+        );
+        for (answers, turn, needle) in [
+            (&["42"][..], 1, "no agent"),
+            (&["7"][..], 1, "no agent"),
+            (&["5", "5"][..], 1, "twice"),
+            (&["5", "6", "5", "6"][..], 1, "more than"),
+        ] {
+            let err = ok(answers, turn).unwrap_err();
+            assert!(err.contains(needle), "{answers:?} at {turn}: {err}");
+        }
     }
 }

@@ -85,6 +85,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| anyhow::anyhow!("linking WASI: {e:#}"))?;
+        super::sandbox::forbid_waiting(&mut linker)
+            .map_err(|e| anyhow::anyhow!("linking WASI's clocks: {e:#}"))?;
         host::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("linking the host interface: {e:#}"))?;
         let engine_key = {

@@ -24,8 +24,14 @@ pub struct Limits {
     pub fuel: u64,
     /// Wall-clock deadline of one call, in milliseconds.
     pub deadline_ms: u64,
-    /// Cap on the plugin's linear memory, in MiB.
+    /// Cap on the plugin's memory, in MiB: every linear memory and table of every instance
+    /// of the component, summed.
     pub memory_mib: u64,
+    /// Protocols: the most bytes one prompt's messages may hold (checked before anything
+    /// is tokenized).
+    pub max_prompt_bytes: u64,
+    /// Reward shapers: the largest magnitude a reward's total or any of its parts may have.
+    pub max_abs_reward: f64,
 }
 
 impl Default for Limits {
@@ -35,6 +41,11 @@ impl Default for Limits {
             fuel: 2_000_000_000,
             deadline_ms: 5_000,
             memory_mib: 64,
+            // The paper's prompts are a few KB; a turn that shows 3 agents 3 long answers
+            // stays far below.
+            max_prompt_bytes: 256 * 1024,
+            // The paper's rewards are in [-1, 2] or so; anything near this is a bug.
+            max_abs_reward: 1_000.0,
         }
     }
 }
@@ -53,6 +64,18 @@ impl Limits {
                     "limits.{key} = 0: no call could run; expected at least 1"
                 ));
             }
+        }
+        if self.max_prompt_bytes == 0 {
+            return Err(
+                "limits.max_prompt_bytes = 0: no prompt could pass; expected at least 1"
+                    .to_string(),
+            );
+        }
+        if !(self.max_abs_reward.is_finite() && self.max_abs_reward > 0.0) {
+            return Err(format!(
+                "limits.max_abs_reward = {}: expected a finite number above 0",
+                self.max_abs_reward
+            ));
         }
         Ok(())
     }
@@ -121,6 +144,14 @@ pub(crate) fn log_line(plugin: &str, level: LogLevel, line: &str) -> String {
 
 /// Most log text one call may write; the rest is dropped with a note.
 const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+/// What one call may ask of the host's `judge` (the learned verifier's forward passes):
+/// responses per `judge` call, responses over all `judge` calls of one plugin call, and
+/// the bytes of the question and of each response (a bound on their tokens too).
+pub const JUDGE_MAX_RESPONSES: usize = 256;
+pub const JUDGE_MAX_RESPONSES_PER_CALL: usize = 1024;
+pub const JUDGE_MAX_QUESTION_BYTES: usize = 64 * 1024;
+pub const JUDGE_MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
 /// Capacity of the captured stderr (panic messages land there).
 pub(crate) const STDERR_CAPACITY: usize = 256 * 1024;
 
@@ -130,12 +161,20 @@ pub(crate) struct Sandbox {
     table: ResourceTable,
     pub(crate) stderr: MemoryOutputPipe,
     memory_limit: usize,
-    /// Set when the limiter refused a growth, so the trap can be told as a memory-cap error.
+    /// Bytes of every linear memory and table of every instance in this store: what the
+    /// cap bounds.
+    footprint: usize,
+    /// Set when the limiter refused a growth, so the trap can be told as a memory-cap error:
+    /// the footprint it would have made, and the cap.
     pub(crate) memory_refused: Option<(usize, usize)>,
     plugin_name: String,
     log: LogSink,
     log_bytes: usize,
     judge: Option<Arc<dyn Judge>>,
+    /// When the call in progress must end (its deadline), and how many responses it has
+    /// had judged: host work refuses past either bound.
+    deadline: Option<(std::time::Instant, u64)>,
+    judged: usize,
 }
 
 impl Sandbox {
@@ -166,18 +205,69 @@ impl Sandbox {
             table: ResourceTable::new(),
             stderr,
             memory_limit: limits.memory_bytes(),
+            footprint: 0,
             memory_refused: None,
             plugin_name: plugin_name.to_string(),
             log,
             log_bytes: 0,
             judge,
+            deadline: None,
+            judged: 0,
         }
     }
 
-    /// Called before each call: resets the per-call log budget.
-    pub(crate) fn begin_call(&mut self) {
+    /// Called before each call: resets the per-call budgets; the call must end within
+    /// `deadline_ms`.
+    pub(crate) fn begin_call(&mut self, deadline_ms: u64) {
         self.log_bytes = 0;
         self.memory_refused = None;
+        self.judged = 0;
+        self.deadline = Some((
+            std::time::Instant::now() + Duration::from_millis(deadline_ms),
+            deadline_ms,
+        ));
+    }
+
+    /// Refuses a `judge` call that would do more host work than a call may ask for.
+    fn check_judge(&self, question: &str, responses: &[String]) -> Result<(), String> {
+        if let Some((end, ms)) = self.deadline {
+            if std::time::Instant::now() >= end {
+                return Err(format!(
+                    "judge refused: the call's deadline of {ms} ms has passed"
+                ));
+            }
+        }
+        if responses.len() > JUDGE_MAX_RESPONSES {
+            return Err(format!(
+                "judge refused: {} responses in one call; at most {JUDGE_MAX_RESPONSES}",
+                responses.len()
+            ));
+        }
+        if self.judged + responses.len() > JUDGE_MAX_RESPONSES_PER_CALL {
+            return Err(format!(
+                "judge refused: {} responses judged in this call already, {} more asked; at \
+                 most {JUDGE_MAX_RESPONSES_PER_CALL} per call",
+                self.judged,
+                responses.len()
+            ));
+        }
+        if question.len() > JUDGE_MAX_QUESTION_BYTES {
+            return Err(format!(
+                "judge refused: the question is {} bytes; at most {JUDGE_MAX_QUESTION_BYTES}",
+                question.len()
+            ));
+        }
+        if let Some((i, r)) = responses
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() > JUDGE_MAX_RESPONSE_BYTES)
+        {
+            return Err(format!(
+                "judge refused: response {i} is {} bytes; at most {JUDGE_MAX_RESPONSE_BYTES}",
+                r.len()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -190,32 +280,70 @@ impl WasiView for Sandbox {
     }
 }
 
-impl ResourceLimiter for Sandbox {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
-            self.memory_refused = Some((desired, self.memory_limit));
+/// What one table element is counted as against the memory cap (a function reference in
+/// wasmtime is a pointer; counted at twice that to leave room for its bookkeeping).
+pub const TABLE_ELEMENT_BYTES: usize = 16;
+/// How many instances, linear memories and tables one plugin's store may hold. A component
+/// instantiates a few core instances (its module, the WASI adapter, shims); each may have a
+/// memory and a table or two.
+pub const MAX_INSTANCES: usize = 64;
+pub const MAX_MEMORIES: usize = 64;
+pub const MAX_TABLES: usize = 64;
+
+impl Sandbox {
+    /// Admits a growth of one memory or table from `current` to `desired` bytes if the whole
+    /// footprint stays under the cap; else records the refusal and traps.
+    fn grow(&mut self, what: &str, current: usize, desired: usize) -> wasmtime::Result<bool> {
+        let total = (self.footprint - current.min(self.footprint)).saturating_add(desired);
+        if total > self.memory_limit {
+            self.memory_refused = Some((total, self.memory_limit));
             // Trap rather than let `memory.grow` return -1: a Rust guest would otherwise
             // abort with a message that hides the cause.
             return Err(wasmtime::Error::msg(format!(
-                "memory cap exceeded: desired {desired} bytes, limit {} bytes",
+                "memory cap exceeded: growing a {what} to {desired} bytes would bring the \
+                 plugin's memories and tables to {total} bytes, over its cap of {} bytes",
                 self.memory_limit
             )));
         }
+        self.footprint = total;
         Ok(true)
+    }
+}
+
+impl ResourceLimiter for Sandbox {
+    /// Every linear memory of every instance counts: their sum is capped, not each alone.
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grow("linear memory", current, desired)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
+        self.grow(
+            "table",
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        )
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -259,6 +387,8 @@ impl host::Host for Sandbox {
             // answer is the empty list, without asking the model.
             Some(_) if responses.is_empty() => Ok(Vec::new()),
             Some(judge) => {
+                self.check_judge(&question, &responses)?;
+                self.judged += responses.len();
                 let probs = judge.judge(&question, &responses)?;
                 if probs.len() != responses.len() {
                     return Err(format!(
@@ -271,6 +401,40 @@ impl host::Host for Sandbox {
             }
         }
     }
+}
+
+/// What a plugin that tries to wait is told (the trap's message).
+pub(crate) const NO_WAITING: &str = "plugins may not sleep or wait on a clock \
+     (wasi:clocks/monotonic-clock subscribe-duration / subscribe-instant): a call's deadline \
+     bounds its whole wall time, and host time spent waiting is not guest time the deadline \
+     could interrupt";
+
+/// Replaces WASI's two blocking clock functions with ones that trap: the epoch deadline
+/// interrupts only guest code, so a sleep inside the host (a pollable on the monotonic
+/// clock, blocked on by `poll` or `block`) would hold the call past its deadline, or for
+/// ever. Nothing else WASI gives a plugin can block: it has no files, sockets or stdin, and
+/// its stderr is a memory pipe.
+pub(crate) fn forbid_waiting(
+    linker: &mut wasmtime::component::Linker<Sandbox>,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance("wasi:clocks/monotonic-clock@0.2.12")?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |_, (_,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            Err(wasmtime::Error::msg(NO_WAITING))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |_, (_,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            Err(wasmtime::Error::msg(NO_WAITING))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
 }
 
 /// A clock that starts at a fixed instant and moves 1 µs forward each time it is read, so
@@ -311,6 +475,128 @@ impl HostMonotonicClock for SteppingClock {
     }
     fn now(&self) -> u64 {
         self.tick() * 1_000
+    }
+}
+
+#[cfg(test)]
+mod footprint_tests {
+    use super::*;
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    const MIB: usize = 1 << 20;
+    /// 64 KiB wasm pages in `mib` MiB.
+    fn pages(mib: usize) -> usize {
+        mib * 16
+    }
+
+    fn store(engine: &Engine, cap_mib: u64) -> Store<Sandbox> {
+        let limits = Limits {
+            memory_mib: cap_mib,
+            ..Limits::default()
+        };
+        let mut store = Store::new(
+            engine,
+            Sandbox::new("t.wasm", &limits, 0, stderr_sink(), None),
+        );
+        store.limiter(|s| s as &mut dyn ResourceLimiter);
+        store
+    }
+
+    fn module(engine: &Engine, wat: &str) -> Module {
+        Module::new(engine, wat::parse_str(wat).unwrap()).unwrap()
+    }
+
+    fn refused(store: &Store<Sandbox>) -> (usize, usize) {
+        store.data().memory_refused.expect("a refusal was recorded")
+    }
+
+    #[test]
+    fn the_cap_bounds_the_sum_of_every_memory_and_table_of_every_instance() {
+        let engine = Engine::default();
+        // Two memories of 40 MiB: each under a 64 MiB cap, not together.
+        let m = module(
+            &engine,
+            &format!("(module (memory {}) (memory {}))", pages(40), pages(40)),
+        );
+        let mut s = store(&engine, 64);
+        assert!(Instance::new(&mut s, &m, &[]).is_err());
+        let (total, limit) = refused(&s);
+        assert_eq!((total, limit), (80 * MIB, 64 * MIB));
+        // The same two at 20 MiB fit.
+        let ok = module(
+            &engine,
+            &format!("(module (memory {}) (memory {}))", pages(20), pages(20)),
+        );
+        Instance::new(&mut store(&engine, 64), &ok, &[]).unwrap();
+
+        // A memory and a large table: 40 MiB + 2M elements x 16 B = 72 MiB.
+        let m = module(
+            &engine,
+            &format!("(module (memory {}) (table 2097152 funcref))", pages(40)),
+        );
+        let mut s = store(&engine, 64);
+        assert!(Instance::new(&mut s, &m, &[]).is_err());
+        assert_eq!(refused(&s).0, 72 * MIB);
+
+        // Growth at run time of a second memory once the first holds 40 MiB.
+        let m = module(
+            &engine,
+            &format!(
+                "(module (memory {}) (memory $b 1) \
+                 (func (export \"grow\") (result i32) (memory.grow $b (i32.const {}))))",
+                pages(40),
+                pages(30)
+            ),
+        );
+        let mut s = store(&engine, 64);
+        let inst = Instance::new(&mut s, &m, &[]).unwrap();
+        let grow = inst.get_typed_func::<(), i32>(&mut s, "grow").unwrap();
+        let err = grow.call(&mut s, ()).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("memory cap exceeded"),
+            "{err:?}"
+        );
+        assert!(refused(&s).0 > 64 * MIB);
+
+        // Table growth at run time counts too.
+        let m = module(
+            &engine,
+            "(module (table $t 1 funcref) \
+             (func (export \"grow\") (result i32) \
+               (table.grow $t (ref.null func) (i32.const 8000000))))",
+        );
+        let mut s = store(&engine, 64);
+        let inst = Instance::new(&mut s, &m, &[]).unwrap();
+        let grow = inst.get_typed_func::<(), i32>(&mut s, "grow").unwrap();
+        assert!(grow.call(&mut s, ()).is_err());
+        assert!(refused(&s).0 > 64 * MIB);
+    }
+
+    #[test]
+    fn instances_add_up_and_their_number_is_bounded() {
+        let engine = Engine::default();
+        // 2 MiB each: the 33rd instance would take the store past 64 MiB.
+        let m = module(&engine, &format!("(module (memory {}))", pages(2)));
+        let mut s = store(&engine, 64);
+        for _ in 0..32 {
+            Instance::new(&mut s, &m, &[]).unwrap();
+        }
+        assert!(Instance::new(&mut s, &m, &[]).is_err());
+        assert_eq!(refused(&s), (66 * MIB, 64 * MIB));
+        // Instances without memory: at most MAX_INSTANCES.
+        let empty = module(&engine, "(module)");
+        let mut s = store(&engine, 64);
+        let made = (0..MAX_INSTANCES + 10)
+            .take_while(|_| Instance::new(&mut s, &empty, &[]).is_ok())
+            .count();
+        assert_eq!(made, MAX_INSTANCES);
+        // So are memories and tables per store.
+        let m = module(&engine, "(module (memory 0) (table 0 funcref))");
+        let mut s = store(&engine, 64);
+        let made = (0..MAX_MEMORIES + 10)
+            .take_while(|_| Instance::new(&mut s, &m, &[]).is_ok())
+            .count();
+        assert_eq!(made, MAX_MEMORIES.min(MAX_TABLES));
     }
 }
 

@@ -78,15 +78,21 @@ impl RewardShaper {
                 .call_shape(store, &wtask, &wtranscript)
         })?;
         let rewards: Vec<Reward> = rewards.into_iter().map(Reward::from).collect();
-        validate_rewards(&rewards, transcript).map_err(|msg| {
-            self.handle
-                .error("shape", Some(&task.id), Failure::Invalid(msg))
-        })?;
+        validate_rewards(&rewards, transcript, self.handle.limits().max_abs_reward).map_err(
+            |msg| {
+                self.handle
+                    .error("shape", Some(&task.id), Failure::Invalid(msg))
+            },
+        )?;
         Ok(rewards)
     }
 }
 
-fn validate_rewards(rewards: &[Reward], transcript: &Transcript) -> Result<(), String> {
+fn validate_rewards(
+    rewards: &[Reward],
+    transcript: &Transcript,
+    max_abs: f64,
+) -> Result<(), String> {
     let mut seen = HashSet::new();
     for (i, r) in rewards.iter().enumerate() {
         if r.agent >= transcript.agents {
@@ -125,6 +131,22 @@ fn validate_rewards(rewards: &[Reward], transcript: &Transcript) -> Result<(), S
                 r.agent, r.turn
             ));
         }
+        // Finite but absurd: PPO would overflow on it and turn every weight into NaN.
+        let too_big = |v: f32| f64::from(v).abs() > max_abs;
+        if too_big(r.total) {
+            return Err(format!(
+                "reward {i} (agent {}, turn {}) has total {}, beyond the limit of ±{max_abs} \
+                 (limits.max_abs_reward)",
+                r.agent, r.turn, r.total
+            ));
+        }
+        if let Some((name, value)) = r.parts.iter().find(|(_, v)| too_big(*v)) {
+            return Err(format!(
+                "reward {i} (agent {}, turn {}) has part `{name}` = {value}, beyond the limit \
+                 of ±{max_abs} (limits.max_abs_reward)",
+                r.agent, r.turn
+            ));
+        }
     }
     Ok(())
 }
@@ -160,29 +182,53 @@ mod tests {
         }
     }
 
+    fn validate_rewards_test(rewards: &[Reward], t: &Transcript) -> Result<(), String> {
+        validate_rewards(rewards, t, 1_000.0)
+    }
+
+    #[test]
+    fn finite_but_absurd_rewards_are_refused_by_the_limit() {
+        let t = transcript();
+        assert!(validate_rewards(&[reward(1, 0, 999.0)], &t, 1_000.0).is_ok());
+        for total in [1_000.5, -2e3, 1e30, f32::MAX] {
+            let err = validate_rewards(&[reward(1, 0, total)], &t, 1_000.0).unwrap_err();
+            assert!(err.contains("max_abs_reward"), "{err}");
+        }
+        let mut part = reward(1, 0, 0.5);
+        part.parts.push(("alpha".into(), -5e6));
+        let err = validate_rewards(&[part], &t, 1_000.0).unwrap_err();
+        assert!(
+            err.contains("`alpha`") && err.contains("max_abs_reward"),
+            "{err}"
+        );
+        assert!(validate_rewards(&[reward(1, 0, 5.0)], &t, 1.0).is_err());
+    }
+
     #[test]
     fn rewards_must_name_existing_utterances_once() {
         let t = transcript();
-        assert!(validate_rewards(&[reward(1, 0, 0.5), reward(2, 1, 1.0)], &t).is_ok());
-        assert!(validate_rewards(&[reward(1, 2, 0.5)], &t)
+        assert!(validate_rewards_test(&[reward(1, 0, 0.5), reward(2, 1, 1.0)], &t).is_ok());
+        assert!(validate_rewards_test(&[reward(1, 2, 0.5)], &t)
             .unwrap_err()
             .contains("agent 2"));
-        assert!(validate_rewards(&[reward(4, 0, 0.5)], &t)
+        assert!(validate_rewards_test(&[reward(4, 0, 0.5)], &t)
             .unwrap_err()
             .contains("turn 4"));
-        assert!(validate_rewards(&[reward(0, 0, 0.5)], &t).is_err());
+        assert!(validate_rewards_test(&[reward(0, 0, 0.5)], &t).is_err());
         // Turn 3 is allowed by the config but nobody spoke (the debate stopped early).
-        assert!(validate_rewards(&[reward(3, 0, 0.5)], &t)
+        assert!(validate_rewards_test(&[reward(3, 0, 0.5)], &t)
             .unwrap_err()
             .contains("said nothing"));
         let twice = [reward(1, 0, 0.5), reward(1, 0, 0.1)];
-        assert!(validate_rewards(&twice, &t).unwrap_err().contains("twice"));
-        assert!(validate_rewards(&[reward(1, 0, f32::NAN)], &t)
+        assert!(validate_rewards_test(&twice, &t)
+            .unwrap_err()
+            .contains("twice"));
+        assert!(validate_rewards_test(&[reward(1, 0, f32::NAN)], &t)
             .unwrap_err()
             .contains("NaN"));
         let mut bad_part = reward(1, 0, 0.5);
         bad_part.parts.push(("alpha-1".into(), f32::INFINITY));
-        assert!(validate_rewards(&[bad_part], &t)
+        assert!(validate_rewards_test(&[bad_part], &t)
             .unwrap_err()
             .contains("alpha-1"));
     }

@@ -124,6 +124,16 @@ impl AdamW {
     /// takes one AdamW step and clears them. Returns the norm before clipping.
     pub fn step(&mut self, max_norm: f64) -> anyhow::Result<f64> {
         let norm = self.grad_norm()?;
+        if !norm.is_finite() {
+            // A NaN or infinite gradient would write NaN into every weight and moment.
+            for p in &mut self.params {
+                p.grad = None;
+            }
+            bail!(
+                "the gradient norm is {norm}: a loss or gradient is not finite; no weight or \
+                 optimizer state was changed"
+            );
+        }
         let scale = if norm > max_norm {
             max_norm / (norm + 1e-6)
         } else {
@@ -269,6 +279,29 @@ mod tests {
             let p = &opt.params[0];
             assert!(!p.m.track_op() && !p.v.track_op(), "a moment kept a graph");
         }
+    }
+
+    #[test]
+    fn a_non_finite_gradient_changes_nothing_and_says_so() {
+        let w = var(&[1.0, 2.0]);
+        let mut opt =
+            AdamW::new(vec![("w".into(), w.clone())], 0.1, AdamWConfig::default()).unwrap();
+        for bad in [f32::NAN, f32::INFINITY, 3e38] {
+            // 3e38 is finite, its square is not: the norm overflows.
+            let scale = Tensor::new(&[bad, 1.0], &Device::Cpu).unwrap();
+            let loss = (w.as_tensor() * &scale).unwrap().sum_all().unwrap();
+            opt.accumulate(&loss.backward().unwrap()).unwrap();
+            let err = opt.step(1.0).unwrap_err().to_string();
+            assert!(err.contains("not finite"), "{err}");
+            assert_eq!(w.as_tensor().to_vec1::<f32>().unwrap(), vec![1.0, 2.0]);
+            assert_eq!(opt.steps(), 0);
+            assert_eq!(opt.params[0].m.to_vec1::<f32>().unwrap(), vec![0.0, 0.0]);
+        }
+        // The next finite step works.
+        let loss = w.as_tensor().sum_all().unwrap();
+        opt.accumulate(&loss.backward().unwrap()).unwrap();
+        opt.step(1.0).unwrap();
+        assert_eq!(opt.steps(), 1);
     }
 
     #[test]

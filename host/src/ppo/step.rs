@@ -323,7 +323,7 @@ pub fn ppo_step(
     // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
     let shapes_to = std::env::var_os("MAPORL_BENCH_PPO_BATCHES");
     let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
-    for _ in 0..cfg.epochs {
+    for epoch in 0..cfg.epochs {
         order.shuffle(&mut rng);
         for mb in order.chunks(samples.len().div_ceil(minibatches)) {
             // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
@@ -365,6 +365,17 @@ pub fn ppo_step(
                 let entropy = ((&new.entropy * &m)?.sum_all()?
                     / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
                 let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
+                let value = loss.to_scalar::<f32>()?;
+                if !value.is_finite() {
+                    bail!(
+                        "the PPO loss is {value} in epoch {} (policy {}, value {}, entropy {}); \
+                         the rewards' magnitude or the learning rate may be to blame",
+                        epoch + 1,
+                        pg.to_scalar::<f32>()?,
+                        vf.to_scalar::<f32>()?,
+                        entropy.to_scalar::<f32>()?
+                    );
+                }
                 let started = Instant::now();
                 optimizer.adamw.accumulate(&(loss * share)?.backward()?)?;
                 backward += started.elapsed();

@@ -366,7 +366,18 @@ impl Trainer {
                 }
                 Ok(weighted_mean(&parts))
             }
-            .with_context(|| format!("PPO update of agent {} at step {step}", l.agent))?;
+            .with_context(|| {
+                let parts: Vec<String> = reward_parts(&rollout.debates)
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {v}"))
+                    .collect();
+                format!(
+                    "PPO update of agent {} at step {step} (the step's mean reward parts: {}); \
+                     nothing of this step was saved",
+                    l.agent,
+                    parts.join(", ")
+                )
+            })?;
             update_tokens += stats.tokens;
             agents.insert(l.agent, stats);
         }

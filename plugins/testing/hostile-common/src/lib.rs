@@ -14,6 +14,7 @@
 //! | `read-file` | reads /etc/passwd: its first line in the output, or the io error   |
 //! | `env`       | an error listing the environment variables and arguments seen      |
 //! | `clock`     | an error "clock: <secs> <nanos> random: <u64>" (wall clock, random)|
+//! | `sleep`     | sleeps an hour (`std::thread::sleep`: a WASI monotonic-clock wait)  |
 //! | `escape-error` | returns [`TERMINAL_ATTACK`] as its error                        |
 //! | `escape-panic` | panics with [`TERMINAL_ATTACK`]                                 |
 //! | `escape-log`   | (protocol) logs [`TERMINAL_ATTACK`] at level error, then behaves |
@@ -75,6 +76,11 @@ pub fn misbehave(mode: &str) -> Outcome {
         }
         "clock" => Outcome::Error(clock()),
         "escape-error" => Outcome::Error(TERMINAL_ATTACK.to_string()),
+        "sleep" => {
+            // Host time, not guest time: the epoch deadline cannot interrupt it.
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+            Outcome::Error("sleep: slept an hour (nothing stopped it)".into())
+        }
         "escape-panic" => panic!("{TERMINAL_ATTACK}"),
         _ => Outcome::Normal,
     }

@@ -26,6 +26,8 @@ pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool),
             vec![prompt(0, &task.question), prompt(0, &task.question)],
             false,
         )),
+        // 8 MiB of prompt: far past what a model could read.
+        "huge-prompt" => Ok((everyone(&"x".repeat(8 << 20)), false)),
         mode => match misbehave(mode) {
             Outcome::Normal => Ok((everyone(&task.question), true)),
             Outcome::Output(text) => Ok((everyone(&text), false)),
@@ -40,6 +42,17 @@ pub fn decide(
     turn: u32,
     transcript: &Transcript,
 ) -> Result<(Vec<String>, bool), String> {
+    let first = at_turn(transcript, turn)
+        .next()
+        .and_then(|u| u.answer.clone())
+        .unwrap_or_default();
+    match task.question.trim() {
+        // An answer nobody gave, one answer twice, more answers than agents.
+        "foreign-answer" => return Ok((vec!["424242".into()], false)),
+        "duplicate-answer" => return Ok((vec![first.clone(), first], false)),
+        "many-answers" => return Ok((vec![first; 10_000], false)),
+        _ => {}
+    }
     match misbehave(&task.question) {
         Outcome::Normal => Ok((
             at_turn(transcript, turn)

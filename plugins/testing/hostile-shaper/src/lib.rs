@@ -29,6 +29,13 @@ pub fn shape(task: &Task, transcript: &Transcript) -> Result<(Vec<Reward>, bool)
     match task.question.trim() {
         "bad-agent" => Ok((vec![one(1, 99, "score", 0.0)], false)),
         "bad-turn" => Ok((vec![one(99, 0, "score", 0.0)], false)),
+        // Finite, but far past any sane reward.
+        "huge-reward" => Ok((vec![one(1, 0, "score", 1e30)], false)),
+        "huge-part" => {
+            let mut r = one(1, 0, "score", 0.5);
+            r.parts.push(("bonus".into(), -3e9));
+            Ok((vec![r], false))
+        }
         "nan" => Ok((
             normal()
                 .into_iter()

@@ -96,6 +96,21 @@ impl bindings::exports::maporl::plugin::verification::Guest for Hostile {
 
     fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
         // Mode `judge`: the scores are the host's learned verifier's, as they come.
+        // Modes that ask the host for far more work than a call may: many responses in one
+        // call, many calls of a few, a huge question, a huge response. The host's error is
+        // returned as this plugin's.
+        let flood = |n: usize, size: usize| vec!["7".repeat(size); n];
+        match task.question.trim() {
+            "judge-many" => judge("q", &flood(100_000, 1)).map(|_| ())?,
+            "judge-often" => {
+                for _ in 0..1_000 {
+                    judge("q", &flood(200, 1))?;
+                }
+            }
+            "judge-long-question" => judge(&"q".repeat(16 << 20), &flood(1, 1)).map(|_| ())?,
+            "judge-long-response" => judge("q", &flood(2, 16 << 20)).map(|_| ())?,
+            _ => {}
+        }
         if task.question.trim() == "judge" {
             let scores = judge(&task.question, &responses)?;
             return Ok(scores
