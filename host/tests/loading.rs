@@ -134,6 +134,79 @@ fn bad_settings_are_refused_at_load_naming_the_key() {
     assert!(err.to_string().contains("peerz"), "{err}");
 }
 
+/// The compiled components in a cache directory.
+fn cache_entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_cache_entry_planted_for_another_component_is_never_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let options = || RuntimeOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeOptions::default()
+    };
+    let first = Runtime::new(options()).unwrap();
+    for name in ["gsm8k", "anli"] {
+        Verifier::load(&first, &plugin(name), &json!({}), &Limits::default()).unwrap();
+    }
+    let sha = |name: &str| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(plugin(name)).unwrap()))
+    };
+    let entry = |name: &str| {
+        cache_entries(cache.path())
+            .into_iter()
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(&sha(name))
+            })
+            .unwrap()
+    };
+    let t = task("a1", "anli", "premise / hypothesis", "neutral");
+    let texts = ["Answer: \\boxed{Neutral}".to_string()];
+    // gsm8k's compiled code under anli's name (what a planted file would be), then a file
+    // of bytes that are no compiled code at all: anli is compiled again each time, and runs
+    // as anli.
+    for plant in [
+        std::fs::read(entry("gsm8k")).unwrap(),
+        b"\x7fELF planted".to_vec(),
+    ] {
+        std::fs::write(entry("anli"), &plant).unwrap();
+        let rt = Runtime::new(options()).unwrap();
+        let mut v = Verifier::load(&rt, &plugin("anli"), &json!({}), &Limits::default()).unwrap();
+        assert_eq!(
+            rt.compile_counts(),
+            (1, 0),
+            "the planted entry was not used"
+        );
+        assert_eq!(
+            v.score(&t, &texts).unwrap()[0].answer.as_deref(),
+            Some("neutral")
+        );
+    }
+    // A cache directory others can write into is not used at all.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let before = cache_entries(cache.path());
+        let rt = Runtime::new(options()).unwrap();
+        Verifier::load(&rt, &plugin("anli"), &json!({}), &Limits::default()).unwrap();
+        assert_eq!(rt.compile_counts(), (1, 0));
+        assert_eq!(cache_entries(cache.path()), before, "nothing written there");
+    }
+}
+
 #[test]
 fn a_second_load_comes_from_the_cache() {
     let cache = tempfile::tempdir().unwrap();
@@ -144,8 +217,7 @@ fn a_second_load_comes_from_the_cache() {
     let first = Runtime::new(options()).unwrap();
     Verifier::load(&first, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
     assert_eq!(first.compile_counts(), (1, 0));
-    let cached: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
-    assert_eq!(cached.len(), 1, "one .cwasm file");
+    assert_eq!(cache_entries(cache.path()).len(), 1, "one .cwasm file");
 
     let second = Runtime::new(options()).unwrap();
     let mut v = Verifier::load(&second, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();
@@ -156,12 +228,7 @@ fn a_second_load_comes_from_the_cache() {
     assert!(verdict.correct);
 
     // A corrupted cache entry is recompiled, not trusted.
-    let entry = std::fs::read_dir(cache.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let entry = cache_entries(cache.path()).remove(0);
     std::fs::write(&entry, b"garbage").unwrap();
     let third = Runtime::new(options()).unwrap();
     Verifier::load(&third, &plugin("gsm8k"), &json!({}), &Limits::default()).unwrap();

@@ -15,6 +15,7 @@
 
 mod bindings;
 pub mod builtin;
+mod cache;
 mod error;
 mod handle;
 mod inspect;

@@ -59,6 +59,8 @@ pub struct Runtime {
     pub(crate) linker: Linker<Sandbox>,
     pub(crate) options: RuntimeOptions,
     engine_key: String,
+    /// The compiled-component cache, when one is configured and can be trusted.
+    cache: Option<super::cache::CompiledCache>,
     compiled: AtomicU64,
     cache_hits: AtomicU64,
     _ticker: EpochTicker,
@@ -96,7 +98,19 @@ impl Runtime {
             format!("{:016x}", h.finish())
         };
         let ticker = EpochTicker::start(engine.clone());
+        let cache = options.cache_dir.as_ref().and_then(|dir| {
+            super::cache::CompiledCache::open(dir)
+                .map_err(|why| {
+                    (options.log)(
+                        "host",
+                        super::LogLevel::Warn,
+                        &format!("not using the compiled-component cache: {why}"),
+                    )
+                })
+                .ok()
+        });
         Ok(Runtime {
+            cache,
             engine,
             linker,
             options,
@@ -157,60 +171,54 @@ impl Runtime {
         })
     }
 
-    /// Compiles a component, or deserializes it from the cache written by an earlier run.
+    /// Compiles a component, or deserializes it from the cache written by an earlier run
+    /// (only an entry whose MAC verifies: see [`super::cache`]).
     pub(crate) fn compile(&self, bytes: &[u8], sha256: &str) -> Result<Component, String> {
         inspect::check_header(bytes)?;
-        let cached = self
-            .options
-            .cache_dir
+        if let Some(compiled) = self
+            .cache
             .as_ref()
-            .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_key)));
-        if let Some(file) = cached.as_ref().filter(|f| f.exists()) {
-            // Read into memory rather than mmap: a cache file changed by someone else while
-            // mapped would crash the process (SIGBUS) instead of failing cleanly.
-            let bytes =
-                crate::files::read_regular(file, crate::files::COMPILED_MAX, "cached component")
-                    .unwrap_or_default();
-            // SAFETY: the cache holds only files this host serialized (written atomically,
-            // named by the source's sha256 and the engine's compatibility hash); wasmtime
-            // still checks the header and engine compatibility, and a file that fails is
-            // recompiled below.
-            match unsafe { Component::deserialize(&self.engine, &bytes) } {
+            .and_then(|c| c.get(sha256, &self.engine_key))
+        {
+            // SAFETY: the entry's HMAC, under a key only this user can read, binds these
+            // bytes to this component's sha256 and this engine, and only this host writes
+            // entries (atomically, from its own compilation); wasmtime still checks the
+            // header and engine compatibility, and an entry that fails is recompiled below.
+            // Read into memory rather than mmap: a file changed while mapped would crash the
+            // process (SIGBUS) instead of failing cleanly.
+            match unsafe { Component::deserialize(&self.engine, &compiled) } {
                 Ok(component) => {
                     self.cache_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(component);
                 }
                 Err(_) => {
-                    let _ = std::fs::remove_file(file);
+                    if let Some(cache) = &self.cache {
+                        let _ = std::fs::remove_file(cache.path(sha256, &self.engine_key));
+                    }
                 }
             }
         }
         let component = Component::from_binary(&self.engine, bytes)
             .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
-        if let Some(file) = cached {
-            if let Err(e) = write_cache(&component, &file) {
+        if let Some(cache) = &self.cache {
+            let written = component
+                .serialize()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .and_then(|compiled| cache.put(sha256, &self.engine_key, &compiled));
+            if let Err(e) = written {
                 (self.options.log)(
                     "host",
                     super::LogLevel::Warn,
-                    &format!("cannot cache compiled component at {}: {e}", file.display()),
+                    &format!(
+                        "cannot cache the compiled component at {}: {e}",
+                        cache.path(sha256, &self.engine_key).display()
+                    ),
                 );
             }
         }
         Ok(component)
     }
-}
-
-fn write_cache(component: &Component, file: &Path) -> anyhow::Result<()> {
-    let dir = file.parent().expect("cache files live in a directory");
-    std::fs::create_dir_all(dir)?;
-    let bytes = component
-        .serialize()
-        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, &bytes)?;
-    tmp.persist(file)?;
-    Ok(())
 }
 
 pub(crate) fn load_error(name: &str, world: World, msg: String) -> PluginError {
