@@ -1373,3 +1373,92 @@ fn push_and_pull_through_a_registry_that_wants_bearer_tokens() {
         );
     }
 }
+
+/// Two labs with trusted keys publish bundles of the same name: the name stays with the
+/// lab that first installed it unless a change is allowed explicitly, or the run config
+/// names the signer; build metadata does not order versions; plugins.lock and `bundle
+/// list` name the signer.
+#[test]
+fn a_bundle_name_is_bound_to_its_signer() {
+    let env = Env::new();
+    let (key_a, _) = env.key("lab-a", true);
+    let (key_b, _) = env.key("lab-b", true);
+    let a1 = env.signed("arith", "0.1.0", Some(&key_a));
+    let id_a = bundle::signer_of(&a1).unwrap();
+    env.ok(&["bundle", "install", s(&a1)]);
+    // Lab B's newer release, and its release differing only in build metadata: refused.
+    let b2 = env.signed("arith", "0.2.0", Some(&key_b));
+    let id_b = bundle::signer_of(&b2).unwrap();
+    assert_ne!(id_a, id_b);
+    let b1 = env.signed("arith", "0.1.0+lab-b", Some(&key_b));
+    for dir in [&b2, &b1] {
+        let err = env.fails(&["bundle", "install", s(dir)]);
+        assert!(
+            err.contains(&id_a) && err.contains(&id_b) && err.contains("--allow-signer-change"),
+            "{err}"
+        );
+    }
+    // The store still resolves arith to lab A's release.
+    const PLUGINS: &str = "[plugins.protocol]\npath = \"arith/debate\"\n";
+    let [p, _, _] = bundle::resolve_plugins(&env.config(PLUGINS, "")).unwrap();
+    let b = p.bundle.unwrap();
+    assert_eq!(
+        (b.version.to_string(), b.signer.as_str()),
+        ("0.1.0".into(), id_a.as_str())
+    );
+    // Lab A's 0.1.1 outranks its 0.1.0.
+    env.ok(&[
+        "bundle",
+        "install",
+        s(&env.signed("arith", "0.1.1", Some(&key_a))),
+    ]);
+    let [p, _, _] = bundle::resolve_plugins(&env.config(PLUGINS, "")).unwrap();
+    assert_eq!(p.bundle.unwrap().version.to_string(), "0.1.1");
+
+    // Allowed explicitly, lab B takes the name over; its release is then the one found.
+    let out = env.ok(&["bundle", "install", s(&b2), "--allow-signer-change"]);
+    assert!(out.contains("installed arith@0.2.0"), "{out}");
+    let [p, _, _] = bundle::resolve_plugins(&env.config(PLUGINS, "")).unwrap();
+    let b = p.bundle.unwrap();
+    assert_eq!(
+        (b.version.to_string(), b.signer.as_str()),
+        ("0.2.0".into(), id_b.as_str())
+    );
+    // A run config that names lab A keeps lab A's releases, whatever the store's binding.
+    let pinned = env.config(PLUGINS, &format!("[plugins.signers]\narith = {id_a:?}\n"));
+    let [p, _, _] = bundle::resolve_plugins(&pinned).unwrap();
+    let b = p.bundle.unwrap();
+    assert_eq!(
+        (b.version.to_string(), b.signer.as_str()),
+        ("0.1.1".into(), id_a.as_str())
+    );
+    let nobody = env.config(PLUGINS, "[plugins.signers]\narith = \"00000000deadbeef\"\n");
+    let err = format!("{:#}", bundle::resolve_plugins(&nobody).unwrap_err());
+    assert!(
+        err.contains("00000000deadbeef") && err.contains(&id_b),
+        "{err}"
+    );
+
+    // bundle list names each release's signer.
+    let listed = env.ok(&["bundle", "list"]);
+    assert!(listed.contains(&format!("signer {id_a}")), "{listed}");
+    assert!(listed.contains(&format!("signer {id_b}")), "{listed}");
+}
+
+#[test]
+fn versions_order_by_precedence_with_build_metadata_ignored() {
+    let v = |s: &str| semver::Version::parse(s).unwrap();
+    let mut all = [
+        v("0.2.0"),
+        v("0.1.0+zzz"),
+        v("0.1.1-rc.1"),
+        v("0.1.0+aaa"),
+        v("0.1.1"),
+    ];
+    all.sort_by(bundle::by_precedence);
+    let shown: Vec<String> = all.iter().map(|v| v.to_string()).collect();
+    assert_eq!(
+        shown,
+        ["0.1.0+aaa", "0.1.0+zzz", "0.1.1-rc.1", "0.1.1", "0.2.0"]
+    );
+}

@@ -51,6 +51,9 @@ pub struct LockedPlugin {
     pub component: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// For bundle references: the key id that signed the bundle (or `unsigned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
 }
 
 impl LockedPlugin {
@@ -78,15 +81,17 @@ impl LockedPlugin {
             version: resolved.bundle.as_ref().map(|b| b.version.to_string()),
             component: resolved.bundle.as_ref().map(|b| b.component.clone()),
             file: resolved.bundle.as_ref().map(|b| b.file.clone()),
+            signer: resolved.bundle.as_ref().map(|b| b.signer.clone()),
         })
     }
 
     fn describe(&self) -> String {
         match (&self.bundle, &self.version) {
             (Some(b), Some(v)) => format!(
-                "{b}@{v} component {} (sha256 {})",
+                "{b}@{v} component {} (sha256 {}) signed by {}",
                 self.component.as_deref().unwrap_or("?"),
-                self.sha256
+                self.sha256,
+                self.signer.as_deref().unwrap_or("?")
             ),
             _ => format!("{} (sha256 {})", self.path, self.sha256),
         }
@@ -152,7 +157,13 @@ pub fn check_lock(
     };
     let mut changes = Vec::new();
     for ((role, was), (_, now)) in locked.roles().into_iter().zip(current.roles()) {
-        if was.sha256 != now.sha256 || was.version != now.version || was.bundle != now.bundle {
+        // A signer recorded by an older lock (none) is no change.
+        let signer_changed = was.signer.is_some() && was.signer != now.signer;
+        if was.sha256 != now.sha256
+            || was.version != now.version
+            || was.bundle != now.bundle
+            || signer_changed
+        {
             changes.push(format!(
                 "{role} plugin `{}`: the run started with {}, now {}",
                 now.reference,
@@ -199,6 +210,7 @@ mod tests {
             version: Some("0.1.0".into()),
             component: Some("debate".into()),
             file: Some("debate.wasm".into()),
+            signer: Some("0123456789abcdef".into()),
         }
     }
 
@@ -213,6 +225,7 @@ mod tests {
                 version: None,
                 component: None,
                 file: None,
+                signer: None,
             },
             shaper: locked("cc"),
             verifier_checkpoint: None,

@@ -34,7 +34,9 @@ pub use sign::{
     key_id, keygen, read_public_key, read_signing_key, sign, SignatureFile, TrustedKey,
     TrustedKeys, SIGNATURE,
 };
-pub use store::{is_bundle_dir, split_name_version, Installed, Store};
+pub use store::{
+    by_precedence, is_bundle_dir, signer_of, split_name_version, Installed, Store, UNSIGNED,
+};
 pub use verify::{check_signature, verify, Trust, TrustPolicy, Verified};
 
 /// `$MAPORL_BUNDLES`, else `<data dir>/maporl/bundles` (`~/.local/share/maporl/bundles` on

@@ -91,6 +91,8 @@ pub struct ResolvedBundle {
     /// The sha256 the (verified) manifest pins.
     pub sha256: String,
     pub trust: Trust,
+    /// The key id that signed it, or `unsigned`.
+    pub signer: String,
 }
 
 /// The bundle store a config uses: `plugins.store`, else the default store.
@@ -136,8 +138,17 @@ pub fn resolve_plugin(
     let reference = reference?;
     let store = config_store(config);
     let what = || format!("plugin `{}` for world {world}", plugin.path);
+    // The signer the config names for this bundle, else the one the store bound it to.
     let installed = store
-        .find(&reference.bundle, &reference.req)
+        .find_signed(
+            &reference.bundle,
+            &reference.req,
+            config
+                .plugins
+                .signers
+                .get(&reference.bundle)
+                .map(String::as_str),
+        )
         .with_context(what)?;
     let m = &installed.manifest;
     let bytes = std::fs::read(installed.dir.join(super::MANIFEST))
@@ -186,6 +197,7 @@ pub fn resolve_plugin(
             file: component.file.clone(),
             sha256: component.sha256.clone(),
             trust,
+            signer: installed.signer.clone(),
         }),
     })
 }

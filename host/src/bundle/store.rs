@@ -17,6 +17,32 @@ pub struct Installed {
     pub manifest: Manifest,
     pub version: semver::Version,
     pub signed: bool,
+    /// Who signed it: the signature's key id, or [`UNSIGNED`].
+    pub signer: String,
+}
+
+/// The signer of a bundle without a signature.
+pub const UNSIGNED: &str = "unsigned";
+
+/// Beside a bundle's versions: the signer its name is bound to (the key that first
+/// installed it), so that another lab's release of the same name is never picked silently.
+const SIGNER_FILE: &str = ".signer";
+
+/// Who signed the bundle in `dir`: its signature's key id, or [`UNSIGNED`].
+pub fn signer_of(dir: &Path) -> anyhow::Result<String> {
+    let sig = dir.join(SIGNATURE);
+    if !sig.exists() {
+        return Ok(UNSIGNED.to_string());
+    }
+    Ok(super::sign::SignatureFile::read(&sig)?.key_id)
+}
+
+/// Orders versions by semver precedence, build metadata ignored (`1.0.0+a` and `1.0.0+b`
+/// are the same release), then by build metadata only to make the order total.
+pub fn by_precedence(a: &semver::Version, b: &semver::Version) -> std::cmp::Ordering {
+    (a.major, a.minor, a.patch, &a.pre)
+        .cmp(&(b.major, b.minor, b.patch, &b.pre))
+        .then_with(|| a.build.cmp(&b.build))
 }
 
 /// A bundle store rooted at a directory.
@@ -37,8 +63,57 @@ impl Store {
     }
 
     /// Copies a verified bundle into the store. An installed bundle of the same name and
-    /// version is replaced only with `force` (or when it is byte-identical).
+    /// version is replaced only with `force` (or when it is byte-identical). The first
+    /// install of a name binds it to its signer; a bundle of that name by another signer is
+    /// refused unless `allow_signer_change`, which moves the binding.
     pub fn install(&self, bundle: &Verified, force: bool) -> anyhow::Result<PathBuf> {
+        self.install_with(bundle, force, false)
+    }
+
+    /// [`install`](Self::install), allowing a change of signer explicitly.
+    pub fn install_with(
+        &self,
+        bundle: &Verified,
+        force: bool,
+        allow_signer_change: bool,
+    ) -> anyhow::Result<PathBuf> {
+        let m = &bundle.manifest;
+        let signer = signer_of(&bundle.dir)?;
+        let bound = self.bound_signer(&m.bundle.name)?;
+        if let Some(bound) = bound.as_deref().filter(|b| *b != signer) {
+            if !allow_signer_change {
+                bail!(
+                    "bundle `{}` is bound to signer {bound} (the key that first installed it), \
+                     but {} is signed by {signer}: refusing a change of signer. If that lab now \
+                     publishes `{}`, install with --allow-signer-change",
+                    m.bundle.name,
+                    m.id(),
+                    m.bundle.name
+                );
+            }
+        }
+        let dest = self.install_files(bundle, force)?;
+        if bound.as_deref() != Some(signer.as_str()) {
+            crate::config::write_atomic(
+                &self.root.join(&m.bundle.name).join(SIGNER_FILE),
+                format!("{signer}\n").as_bytes(),
+            )?;
+        }
+        Ok(dest)
+    }
+
+    /// The signer `name` is bound to, if any install bound it.
+    pub fn bound_signer(&self, name: &str) -> anyhow::Result<Option<String>> {
+        check_name("bundle name", name)?;
+        let path = self.root.join(name).join(SIGNER_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = crate::files::read_regular_text(&path, 1024, "bundle signer binding")?;
+        Ok(Some(text.trim().to_string()))
+    }
+
+    fn install_files(&self, bundle: &Verified, force: bool) -> anyhow::Result<PathBuf> {
         let m = &bundle.manifest;
         let dest = self.root.join(&m.bundle.name).join(&m.bundle.version);
         if dest.exists() {
@@ -133,12 +208,14 @@ impl Store {
             }
             out.push(Installed {
                 signed: path.join(SIGNATURE).is_file(),
+                signer: signer_of(&path)
+                    .with_context(|| format!("installed bundle {name}@{version} is damaged"))?,
                 dir: path,
                 manifest,
                 version,
             });
         }
-        out.sort_by(|a, b| a.version.cmp(&b.version));
+        out.sort_by(|a, b| by_precedence(&a.version, &b.version));
         Ok(out)
     }
 
@@ -167,13 +244,61 @@ impl Store {
 
     /// The highest installed version of `name` that `req` accepts.
     pub fn find(&self, name: &str, req: &semver::VersionReq) -> anyhow::Result<Installed> {
-        let all = self.versions(name)?;
+        self.find_signed(name, req, None)
+    }
+
+    /// The highest installed version of `name` that `req` accepts and `signer` signed
+    /// (by semver precedence, build metadata ignored). Without `signer`, the one the name is
+    /// bound to, else the one every installed version shares (several signers and no
+    /// binding is refused as ambiguous).
+    pub fn find_signed(
+        &self,
+        name: &str,
+        req: &semver::VersionReq,
+        signer: Option<&str>,
+    ) -> anyhow::Result<Installed> {
+        let mut all = self.versions(name)?;
         if all.is_empty() {
             bail!(
                 "no bundle `{name}` is installed in {} (install it with `maporl bundle install \
                  DIR` or `maporl bundle pull REF --install`)",
                 self.root.display()
             );
+        }
+        let signer = match signer {
+            Some(s) => Some(s.to_string()),
+            None => self.bound_signer(name)?,
+        };
+        let signer = match signer {
+            Some(s) => Some(s),
+            None => {
+                let mut signers: Vec<&str> = all.iter().map(|i| i.signer.as_str()).collect();
+                signers.sort_unstable();
+                signers.dedup();
+                if signers.len() > 1 {
+                    bail!(
+                        "bundle `{name}` is installed from several signers ({}) and none is \
+                         bound: name the one to use in the run config (plugins.signers = {{ \
+                         {name} = \"KEY_ID\" }})",
+                        signers.join(", ")
+                    );
+                }
+                None
+            }
+        };
+        if let Some(s) = &signer {
+            let others: Vec<String> = all
+                .iter()
+                .filter(|i| &i.signer != s)
+                .map(|i| format!("{} by {}", i.version, i.signer))
+                .collect();
+            all.retain(|i| &i.signer == s);
+            if all.is_empty() {
+                bail!(
+                    "no installed version of bundle `{name}` is signed by {s} (installed: {})",
+                    others.join(", ")
+                );
+            }
         }
         let listed = all
             .iter()
@@ -228,9 +353,13 @@ impl Store {
                 .with_context(|| format!("removing {}", i.dir.display()))?;
             removed.push(i.version.clone());
         }
-        let dir = self.root.join(name);
-        if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none()) {
-            let _ = std::fs::remove_dir(&dir);
+        // The last version gone, the name is free: its signer binding goes with it.
+        if self.versions(name)?.is_empty() {
+            let dir = self.root.join(name);
+            let _ = std::fs::remove_file(dir.join(SIGNER_FILE));
+            if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none()) {
+                let _ = std::fs::remove_dir(&dir);
+            }
         }
         Ok(removed)
     }

@@ -49,6 +49,10 @@ pub enum BundleCommand {
         /// Replace an installed bundle of the same name and version.
         #[arg(long)]
         force: bool,
+        /// Install although another key signed the installed releases of this name (the
+        /// name is then bound to this bundle's signer).
+        #[arg(long)]
+        allow_signer_change: bool,
         #[command(flatten)]
         store: StoreArgs,
         #[command(flatten)]
@@ -120,6 +124,10 @@ pub enum BundleCommand {
         /// With --install: replace an installed bundle of the same name and version.
         #[arg(long)]
         force: bool,
+        /// With --install: install although another key signed the installed releases of
+        /// this name.
+        #[arg(long)]
+        allow_signer_change: bool,
         #[command(flatten)]
         registry: RegistryArgs,
         #[command(flatten)]
@@ -327,6 +335,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
         BundleCommand::Install {
             dir,
             force,
+            allow_signer_change,
             store,
             trust,
         } => {
@@ -334,7 +343,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             let v = bundle::verify(&runtime()?, &dir, &policy)?;
             print_verified(&v, &policy);
             let store = store.store();
-            let dest = store.install(&v, force)?;
+            let dest = store.install_with(&v, force, allow_signer_change)?;
             println!("installed {} into {}", v.manifest.id(), dest.display());
             Ok(())
         }
@@ -367,6 +376,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
                         format!("  {}", printable(&m.bundle.description))
                     }
                 );
+                println!("  signer {}", i.signer);
                 for c in &m.components {
                     println!(
                         "  {}/{}@{}  {}  {}",
@@ -490,6 +500,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             out,
             install,
             force,
+            allow_signer_change,
             registry,
             store,
             trust,
@@ -526,7 +537,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             };
             print_verified(&v, &policy);
             if install {
-                let dest = store.store().install(&v, force)?;
+                let dest = store.store().install_with(&v, force, allow_signer_change)?;
                 println!("installed {} into {}", v.manifest.id(), dest.display());
             }
             Ok(())

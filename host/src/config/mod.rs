@@ -270,7 +270,7 @@ pub struct GenerationConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PluginsConfig {
     /// Where plugin file names without a directory are looked up; empty: the reference
-    /// plugins built in this repository.
+    /// plugins built into the binary (or `$MAPORL_PLUGINS`).
     pub dir: String,
     pub protocol: PluginConfig,
     pub verifier: PluginConfig,
@@ -282,6 +282,9 @@ pub struct PluginsConfig {
     pub store: String,
     pub trusted_keys: String,
     pub allow_unsigned: bool,
+    /// Bundle name -> the key id whose releases of it may run (overrides the store's
+    /// binding of the name to the key that first installed it).
+    pub signers: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -374,6 +377,7 @@ impl Default for PluginsConfig {
             store: String::new(),
             trusted_keys: String::new(),
             allow_unsigned: false,
+            signers: Default::default(),
         }
     }
 }
