@@ -51,8 +51,9 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Refuses limits under which no call could run: a zero budget, deadline or memory cap
-    /// (the error names the key).
+    /// Refuses limits under which no call could run or no result could pass: a zero fuel
+    /// budget, deadline, memory cap or prompt size, a reward bound that is not a positive
+    /// finite number (the error names the key).
     pub fn check(&self) -> Result<(), String> {
         for (key, v) in [
             ("fuel", self.fuel),
