@@ -57,7 +57,9 @@ pub(crate) fn read_component(path: &Path) -> Result<Cow<'static, [u8]>, String> 
         return match find(name) {
             Some(b) => Ok(Cow::Borrowed(b.bytes)),
             None => Err(format!(
-                "no built-in reference plugin is called `{name}`; the built-ins are {}",
+                "no built-in reference plugin is called `{name}`; the built-ins are {} (a \
+                 component file in the working directory is named `./{name}`; set \
+                 plugins.dir for a directory of them)",
                 names()
             )),
         };
