@@ -140,6 +140,8 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         stop_after: args.stop_after,
         verbose: true,
     };
+    // A fresh run directory made here, removed again if the run is refused before it began.
+    let mut fresh = false;
     if args.resume {
         // A resumed run must be the same run: only how long and how often to checkpoint
         // may change.
@@ -155,26 +157,23 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
                 run_dir.display()
             );
         }
-        let fresh = !run_dir.exists();
+        fresh = !run_dir.exists();
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating run dir {}", run_dir.display()))?;
         crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
-        let stop = super::interrupt::interrupt_flag();
-        let trained = train(&opts, &stop);
-        if trained.is_err() && fresh {
-            // Refused before it began (no model, bad data): leave nothing behind. A run
-            // that wrote anything more is kept as it is.
-            let only_config = std::fs::read_dir(&run_dir)
-                .map(|d| d.flatten().all(|e| e.file_name() == "config.toml"))
-                .unwrap_or(false);
-            if only_config {
-                let _ = std::fs::remove_dir_all(&run_dir);
-            }
-        }
-        trained?;
-        return Ok(());
     }
     let stop = super::interrupt::interrupt_flag();
-    train(&opts, &stop)?;
+    let trained = train(&opts, &stop);
+    if trained.is_err() && fresh {
+        // Refused before it began (no model, bad data): leave nothing behind. A run that
+        // wrote anything more is kept as it is.
+        let only_config = std::fs::read_dir(&run_dir)
+            .map(|d| d.flatten().all(|e| e.file_name() == "config.toml"))
+            .unwrap_or(false);
+        if only_config {
+            let _ = std::fs::remove_dir_all(&run_dir);
+        }
+    }
+    trained?;
     Ok(())
 }
