@@ -508,6 +508,42 @@ fn judge_refuses_more_work_than_a_call_may_ask_for() {
         );
         v.score(&hostile("judge"), &["5".into()]).unwrap();
     }
+    // Per debate: 1,000 responses a call pass four times on one task; the fifth call on
+    // that task is refused, another task's debate still has its budget, and a restart
+    // (the next training step) gives the first task a new one.
+    let per_debate = maporl::plugin::JUDGE_MAX_RESPONSES_PER_DEBATE;
+    assert_eq!(per_debate, 4096, "the test's arithmetic assumes this bound");
+    let one = hostile("judge-1000");
+    let other = Task {
+        id: "task-judge-1000-other".into(),
+        ..one.clone()
+    };
+    for _ in 0..4 {
+        v.score(&one, &["5".into()]).unwrap();
+    }
+    let before = counting.0.load(std::sync::atomic::Ordering::SeqCst);
+    let err = v.score(&one, &["5".into()]).unwrap_err();
+    let f = failure(
+        err,
+        "hostile_verifier.wasm",
+        "verifier",
+        "score",
+        "task-judge-1000",
+    );
+    assert!(
+        matches!(&f, Failure::Returned(m) if m.contains("judge refused")
+            && m.contains("4000 responses judged in this debate already")
+            && m.contains("per debate")),
+        "{f:?}"
+    );
+    assert_eq!(
+        counting.0.load(std::sync::atomic::Ordering::SeqCst) - before,
+        0,
+        "the refused `judge` call asked the model nothing"
+    );
+    v.score(&other, &["5".into()]).unwrap();
+    v.restart(1).unwrap();
+    v.score(&one, &["5".into()]).unwrap();
 }
 
 #[test]

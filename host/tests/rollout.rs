@@ -169,6 +169,66 @@ fn a_plugin_failure_stops_the_run_or_drops_the_task() {
     assert_eq!((report.tasks, report.dropped), (1, 1));
 }
 
+/// A prompt under the byte bound but past the model's context is the protocol's failure on
+/// that task, found before generation: the run stops naming the plugin, call and task, or
+/// drops that task and answers the others.
+#[test]
+fn a_prompt_past_the_models_context_fails_its_task_not_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &data,
+        "{\"q\": \"What is 2 + 2?\", \"a\": \"4\"}\n{\"q\": \"long-prompt\", \"a\": \"1\"}\n",
+    )
+    .unwrap();
+    let protocol = format!(
+        "plugins.protocol.path={}",
+        plugin("hostile_protocol").display()
+    );
+    let source = format!("data.path={}", data.display());
+    let common = [
+        "--set",
+        "data.source=jsonl",
+        "--set",
+        &source,
+        "--set",
+        "data.count=0",
+        "--set",
+        "data.fields={question = \"q\", reference = \"a\"}",
+        "--set",
+        &protocol,
+        "--set",
+        "plugins.protocol.settings={}",
+    ];
+    let stop = eval(&dir.path().join("stop"), &common);
+    assert_eq!(stop.status.code(), Some(1), "{}", text(&stop));
+    let err = text(&stop);
+    for needle in [
+        "hostile_protocol.wasm",
+        "`plan-turn`",
+        "jsonl-2",
+        "max_position_embeddings",
+        "8192",
+        "generation.max_new_tokens",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+
+    let mut drop = common.to_vec();
+    drop.extend_from_slice(&["--set", "debate.on_plugin_error=drop-task"]);
+    let out = eval(&dir.path().join("drop"), &drop);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("dropped task jsonl-2"),
+        "{}",
+        text(&out)
+    );
+    let report: maporl::eval::Report =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("drop/eval.json")).unwrap())
+            .unwrap();
+    assert_eq!((report.tasks, report.dropped), (1, 1));
+}
+
 #[test]
 fn debate_shows_one_debate_turn_by_turn() {
     let config = repo().join("configs/smollm2-arith.toml");

@@ -47,6 +47,15 @@ pub trait Team {
         turn: u32,
         requests: &[(u32, &[ChatMessage])],
     ) -> anyhow::Result<Vec<Response>>;
+
+    /// Refuses, saying why, a conversation that agent `agent` cannot answer (its prompt and
+    /// the longest response it may give do not fit its model's context). Asked of every
+    /// planned prompt before the turn is generated, so that the failure belongs to the task
+    /// whose plan made the prompt, not to the whole batch.
+    fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
+        let _ = (agent, messages);
+        Ok(())
+    }
 }
 
 /// The three plugins a debate runs with.
@@ -157,7 +166,16 @@ pub fn run(
             plugin_time += started.elapsed();
             match plan {
                 Ok(plan) if plan.is_empty() => active[i] = false,
-                Ok(plan) => plans.push((i, plan)),
+                Ok(plan) => match plan
+                    .iter()
+                    .find_map(|p| team.admit(p.agent, &p.messages).err())
+                {
+                    None => plans.push((i, plan)),
+                    Some(msg) => {
+                        let err = plugins.protocol.refuse("plan-turn", &debate.task, msg);
+                        fail(debate, &mut active[i], err)?
+                    }
+                },
                 Err(e) => fail(debate, &mut active[i], e)?,
             }
         }

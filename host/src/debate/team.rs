@@ -124,6 +124,10 @@ impl ModelTeam {
         adapted: bool,
         conversations: &[&[ChatMessage]],
     ) -> anyhow::Result<Vec<Response>> {
+        let prompts = conversations
+            .iter()
+            .map(|messages| self.prompt_ids(agent, messages))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let member = &mut self.members[agent];
         let bare;
         let speaker = if adapted {
@@ -133,21 +137,6 @@ impl ModelTeam {
             &bare
         };
         let voice = member.voice.clone();
-        let mut prompts = Vec::with_capacity(conversations.len());
-        for messages in conversations {
-            let messages: Vec<model::ChatMessage> = messages
-                .iter()
-                .map(|m| model::ChatMessage::new(m.role.name(), &m.content))
-                .collect();
-            let text = voice.template.render(&messages, true)?;
-            let ids = voice
-                .tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| anyhow::anyhow!("tokenizing agent {agent}'s prompt: {e}"))?
-                .get_ids()
-                .to_vec();
-            prompts.push(ids);
-        }
         let opts = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             stop_tokens: voice.stop_tokens.clone(),
@@ -179,7 +168,50 @@ impl ModelTeam {
     }
 }
 
+impl ModelTeam {
+    /// The token ids of the prompt `agent`'s model reads for `messages`.
+    fn prompt_ids(&self, agent: usize, messages: &[ChatMessage]) -> anyhow::Result<Vec<u32>> {
+        let voice = &self.members[agent].voice;
+        let messages: Vec<model::ChatMessage> = messages
+            .iter()
+            .map(|m| model::ChatMessage::new(m.role.name(), &m.content))
+            .collect();
+        let text = voice.template.render(&messages, true)?;
+        Ok(voice
+            .tokenizer
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("tokenizing agent {agent}'s prompt: {e}"))?
+            .get_ids()
+            .to_vec())
+    }
+}
+
 impl Team for ModelTeam {
+    fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
+        let a = agent as usize;
+        let Some(member) = self.members.get(a) else {
+            return Err(format!(
+                "a prompt for agent {agent}, but the team has {} agents",
+                self.members.len()
+            ));
+        };
+        let tokens = self
+            .prompt_ids(a, messages)
+            .map_err(|e| format!("{e:#}"))?
+            .len();
+        let context = member.agent.base.config().max_position_embeddings;
+        if tokens + self.max_new_tokens > context {
+            return Err(format!(
+                "the prompt for agent {agent} is {tokens} tokens; with up to {} new tokens \
+                 (generation.max_new_tokens) it needs {} positions, and the agent's model reads \
+                 at most {context} (its max_position_embeddings)",
+                self.max_new_tokens,
+                tokens + self.max_new_tokens
+            ));
+        }
+        Ok(())
+    }
+
     fn respond(
         &mut self,
         turn: u32,

@@ -47,6 +47,9 @@ pub(crate) struct Handle<B: WorldBindings> {
     live: Option<(Store<Sandbox>, B)>,
     stderr_seen: usize,
     fuel_used: u64,
+    /// Responses judged through `judge` per task since the last restart (one debate per
+    /// task in a training step): what the per-debate bound counts.
+    judged_by_task: std::collections::HashMap<String, usize>,
 }
 
 impl<B: WorldBindings> Handle<B> {
@@ -88,6 +91,7 @@ impl<B: WorldBindings> Handle<B> {
             live: None,
             stderr_seen: 0,
             fuel_used: 0,
+            judged_by_task: Default::default(),
         };
         handle.start(None)?;
         Ok(handle)
@@ -119,6 +123,7 @@ impl<B: WorldBindings> Handle<B> {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         self.seed = self.base_seed ^ z ^ (z >> 31);
         self.live = None;
+        self.judged_by_task.clear();
         self.start(None)
     }
 
@@ -135,7 +140,7 @@ impl<B: WorldBindings> Handle<B> {
         store.limiter(|s| s as &mut dyn wasmtime::ResourceLimiter);
         store.epoch_deadline_trap();
         self.stderr_seen = 0;
-        self.arm(&mut store);
+        self.arm(&mut store, task);
         let bindings = match B::instantiate(&self.pre, &mut store) {
             Ok(b) => b,
             Err(e) => {
@@ -152,8 +157,9 @@ impl<B: WorldBindings> Handle<B> {
         configured
     }
 
-    fn arm(&self, store: &mut Store<Sandbox>) {
-        store.data_mut().begin_call(self.limits.deadline_ms);
+    fn arm(&self, store: &mut Store<Sandbox>, task: Option<&str>) {
+        let judged = task.map_or(0, |t| self.judged_by_task.get(t).copied().unwrap_or(0));
+        store.data_mut().begin_call(self.limits.deadline_ms, judged);
         store
             .set_fuel(self.limits.fuel)
             .expect("fuel is enabled on the engine");
@@ -176,9 +182,12 @@ impl<B: WorldBindings> Handle<B> {
             self.start(task)?;
         }
         let (mut store, bindings) = self.live.take().expect("started above");
-        self.arm(&mut store);
+        self.arm(&mut store, task);
         let outcome = f(&bindings, &mut store);
         self.fuel_used = self.limits.fuel - store.get_fuel().unwrap_or(0);
+        if let Some(task) = task.filter(|_| store.data().judged() > 0) {
+            *self.judged_by_task.entry(task.to_string()).or_default() += store.data().judged();
+        }
         self.forward_stderr(&store);
         match outcome {
             Ok(result) => {

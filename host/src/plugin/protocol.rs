@@ -91,6 +91,13 @@ impl Protocol {
         Ok(plan)
     }
 
+    /// The error for a result of `function` on `task` that the run refuses after the call
+    /// (a prompt the agent's model cannot read), named like the call's own errors.
+    pub fn refuse(&self, function: &'static str, task: &Task, reason: String) -> PluginError {
+        self.handle
+            .error(function, Some(&task.id), Failure::Invalid(reason))
+    }
+
     /// The team's answer after turn `turn`: the most supported answers (several on a tie),
     /// none when no agent gave a valid answer.
     pub fn decide(

@@ -145,11 +145,14 @@ pub(crate) fn log_line(plugin: &str, level: LogLevel, line: &str) -> String {
 
 /// Most log text one call may write; the rest is dropped with a note.
 const LOG_BYTES_PER_CALL: usize = 64 * 1024;
-/// What one call may ask of the host's `judge` (the learned verifier's forward passes):
-/// responses per `judge` call, responses over all `judge` calls of one plugin call, and
-/// the bytes of the question and of each response (a bound on their tokens too).
+/// What a plugin may ask of the host's `judge` (the learned verifier's forward passes):
+/// responses per `judge` call, responses over all `judge` calls of one plugin call and of
+/// one debate (every call on one task within a training step), and the bytes of the
+/// question and of each response (a bound on their tokens too: a byte-level tokenizer
+/// makes at most one token of a byte).
 pub const JUDGE_MAX_RESPONSES: usize = 256;
 pub const JUDGE_MAX_RESPONSES_PER_CALL: usize = 1024;
+pub const JUDGE_MAX_RESPONSES_PER_DEBATE: usize = 4096;
 pub const JUDGE_MAX_QUESTION_BYTES: usize = 64 * 1024;
 pub const JUDGE_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -176,6 +179,8 @@ pub(crate) struct Sandbox {
     /// had judged: host work refuses past either bound.
     deadline: Option<(std::time::Instant, u64)>,
     judged: usize,
+    /// Responses judged for the same task by the plugin's earlier calls in this debate.
+    judged_before: usize,
 }
 
 impl Sandbox {
@@ -214,19 +219,26 @@ impl Sandbox {
             judge,
             deadline: None,
             judged: 0,
+            judged_before: 0,
         }
     }
 
     /// Called before each call: resets the per-call budgets; the call must end within
-    /// `deadline_ms`.
-    pub(crate) fn begin_call(&mut self, deadline_ms: u64) {
+    /// `deadline_ms`, and the debate it belongs to has had `judged_before` responses judged.
+    pub(crate) fn begin_call(&mut self, deadline_ms: u64, judged_before: usize) {
         self.log_bytes = 0;
         self.memory_refused = None;
         self.judged = 0;
+        self.judged_before = judged_before;
         self.deadline = Some((
             std::time::Instant::now() + Duration::from_millis(deadline_ms),
             deadline_ms,
         ));
+    }
+
+    /// Responses the call in progress has had judged.
+    pub(crate) fn judged(&self) -> usize {
+        self.judged
     }
 
     /// Refuses a `judge` call that would do more host work than a call may ask for.
@@ -249,6 +261,14 @@ impl Sandbox {
                 "judge refused: {} responses judged in this call already, {} more asked; at \
                  most {JUDGE_MAX_RESPONSES_PER_CALL} per call",
                 self.judged,
+                responses.len()
+            ));
+        }
+        let debate = self.judged_before + self.judged;
+        if debate + responses.len() > JUDGE_MAX_RESPONSES_PER_DEBATE {
+            return Err(format!(
+                "judge refused: {debate} responses judged in this debate already, {} more \
+                 asked; at most {JUDGE_MAX_RESPONSES_PER_DEBATE} per debate",
                 responses.len()
             ));
         }
@@ -598,6 +618,44 @@ mod footprint_tests {
             .take_while(|_| Instance::new(&mut s, &m, &[]).is_ok())
             .count();
         assert_eq!(made, MAX_MEMORIES.min(MAX_TABLES));
+    }
+
+    /// A component, as plugins are: its core instances' memories and tables are summed too,
+    /// whether they come from one module instantiated twice or from modules of their own.
+    #[test]
+    fn a_components_core_instances_share_one_cap() {
+        use wasmtime::component::{Component, Linker};
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).unwrap();
+        let instantiate = |wat: &str, cap_mib: u64| {
+            let component = Component::new(&engine, wat::parse_str(wat).unwrap()).unwrap();
+            let mut s = store(&engine, cap_mib);
+            let made = Linker::<Sandbox>::new(&engine).instantiate(&mut s, &component);
+            (made.is_ok(), s.data().memory_refused)
+        };
+        // One module with a 24 MiB memory, instantiated three times: 72 MiB.
+        let thrice = format!(
+            "(component (core module $m (memory {})) \
+               (core instance (instantiate $m)) (core instance (instantiate $m)) \
+               (core instance (instantiate $m)))",
+            pages(24)
+        );
+        assert_eq!(
+            instantiate(&thrice, 64),
+            (false, Some((72 * MIB, 64 * MIB)))
+        );
+        assert_eq!(instantiate(&thrice, 80), (true, None));
+        // Two modules, one with two memories and one with a table of 1M elements (16 MiB):
+        // 20 + 20 + 16 MiB.
+        let mixed = format!(
+            "(component (core module $a (memory {0}) (memory {0})) \
+               (core module $b (table 1048576 funcref)) \
+               (core instance (instantiate $a)) (core instance (instantiate $b)))",
+            pages(20)
+        );
+        assert_eq!(instantiate(&mixed, 48), (false, Some((56 * MIB, 48 * MIB))));
+        assert_eq!(instantiate(&mixed, 56), (true, None));
     }
 }
 

@@ -28,6 +28,9 @@ pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool),
         )),
         // 8 MiB of prompt: far past what a model could read.
         "huge-prompt" => Ok((everyone(&"x".repeat(8 << 20)), false)),
+        // 64 KiB of prompt: under the byte bound, some 32k tokens, past a small model's
+        // context.
+        "long-prompt" => Ok((everyone(&" x".repeat(32 << 10)), false)),
         mode => match misbehave(mode) {
             Outcome::Normal => Ok((everyone(&task.question), true)),
             Outcome::Output(text) => Ok((everyone(&text), false)),

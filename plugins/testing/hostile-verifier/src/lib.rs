@@ -107,6 +107,13 @@ impl bindings::exports::maporl::plugin::verification::Guest for Hostile {
                     judge("q", &flood(200, 1))?;
                 }
             }
+            // Within one call's bound, so a debate that scores this task many times
+            // reaches the per-debate bound.
+            "judge-1000" => {
+                for _ in 0..4 {
+                    judge("q", &flood(250, 1))?;
+                }
+            }
             "judge-long-question" => judge(&"q".repeat(16 << 20), &flood(1, 1)).map(|_| ())?,
             "judge-long-response" => judge("q", &flood(2, 16 << 20)).map(|_| ())?,
             _ => {}
