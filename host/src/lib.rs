@@ -6,7 +6,6 @@
 
 pub mod bundle;
 pub mod checkpoint;
-pub mod cli;
 pub mod config;
 pub mod data;
 pub mod debate;
@@ -16,7 +15,9 @@ pub mod model;
 pub mod plugin;
 pub mod ppo;
 pub mod report;
+pub mod session;
 pub mod toy;
+pub mod train;
 pub mod transcript;
 pub mod verifier;
 pub mod warm_start;

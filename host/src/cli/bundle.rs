@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
-use crate::bundle::{
+use maporl::bundle::{
     self, oci, Manifest, NewBundle, SignatureFile, Store, Trust, TrustPolicy, TrustedKeys,
     MANIFEST, SIGNATURE,
 };
-use crate::plugin::{printable, Runtime, RuntimeOptions};
+use maporl::plugin::{printable, Runtime, RuntimeOptions};
 
 #[derive(Subcommand)]
 pub enum BundleCommand {
@@ -244,7 +244,7 @@ impl StoreArgs {
         let manifest = path.join(MANIFEST);
         if manifest.exists() {
             // There, but not a regular file (a FIFO, a device): say what it is.
-            crate::files::read_regular(&manifest, crate::files::TEXT_MAX, "bundle manifest")?;
+            maporl::files::read_regular(&manifest, maporl::files::TEXT_MAX, "bundle manifest")?;
         }
         let (name, req) = bundle::split_name_version(bundle);
         let looks_installed = bundle::check_name("bundle", name).is_ok() && !path.exists();
@@ -349,7 +349,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
         }
         BundleCommand::List { store } => {
             // The reference plugins every binary carries, under the names a run config gives.
-            use crate::plugin::builtin;
+            use maporl::plugin::builtin;
             println!(
                 "built in  maporl {}  reference plugins (a run config names them bare: \
                  `debate`, `final-only.wasm`)",
@@ -423,7 +423,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             }
             let sig = bundle::sign(&signing, &bytes);
             let path = dir.join(SIGNATURE);
-            crate::config::write_atomic(&path, sig.to_toml().as_bytes())?;
+            maporl::config::write_atomic(&path, sig.to_toml().as_bytes())?;
             println!(
                 "signed {} with key {}: {}",
                 manifest.id(),
@@ -547,7 +547,8 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
 
 fn bundle_check_hash(dir: &Path, file: &str, sha256: &str) -> anyhow::Result<()> {
     let path = dir.join(file);
-    let bytes = crate::files::read_regular(&path, crate::files::COMPONENT_MAX, "bundle component")?;
+    let bytes =
+        maporl::files::read_regular(&path, maporl::files::COMPONENT_MAX, "bundle component")?;
     let actual = bundle::sha256_hex(&bytes);
     if actual != sha256 {
         bail!(
@@ -632,9 +633,9 @@ fn inspect(dir: &Path, json: bool, policy: &TrustPolicy) -> anyhow::Result<()> {
     println!("signature:   {signature}");
     println!("components:");
     for c in &m.components {
-        let read = crate::files::read_regular(
+        let read = maporl::files::read_regular(
             &dir.join(&c.file),
-            crate::files::COMPONENT_MAX,
+            maporl::files::COMPONENT_MAX,
             "bundle component",
         );
         let state = match read {

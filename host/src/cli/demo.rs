@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::debate::{self, OnPluginError, Plugins, ScriptedTeam};
-use crate::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
+use maporl::debate::{self, OnPluginError, Plugins, ScriptedTeam};
+use maporl::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -35,7 +35,7 @@ pub struct DemoArgs {
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The built-in reference plugins unless --plugins (or $MAPORL_PLUGINS) names a directory.
-    let dir = args.plugins.or_else(crate::config::plugins_dir_override);
+    let dir = args.plugins.or_else(maporl::config::plugins_dir_override);
     let runtime = Runtime::new(RuntimeOptions {
         seed: args.seed,
         ..RuntimeOptions::default()
@@ -44,8 +44,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let settings = serde_json::json!({});
     let path = |name: &str| match &dir {
         None => {
-            let b = crate::plugin::builtin::find(name).expect("a reference plugin");
-            Ok(crate::plugin::builtin::path_of(b))
+            let b = maporl::plugin::builtin::find(name).expect("a reference plugin");
+            Ok(maporl::plugin::builtin::path_of(b))
         }
         Some(dir) => {
             let p = dir.join(name);
@@ -65,7 +65,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         verifier: Verifier::load(&runtime, &path("gsm8k.wasm")?, &settings, &limits)?,
         shaper: RewardShaper::load(&runtime, &path("influence.wasm")?, &settings, &limits)?,
     };
-    let tasks = crate::data::arithmetic(args.tasks, args.difficulty, args.seed);
+    let tasks = maporl::data::arithmetic(args.tasks, args.difficulty, args.seed);
     // Skills spread from 0.3 to 0.8 so the agents disagree often enough to debate.
     let skill = (0..args.agents)
         .map(|a| 0.3 + 0.5 * f64::from(a) / f64::from(args.agents.max(2) - 1))
@@ -120,6 +120,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             println!("  turn {turn} team answer: {decision:?}");
         }
     }
-    println!("\n{}", crate::eval::evaluate(&debates).table());
+    println!("\n{}", maporl::eval::evaluate(&debates).table());
     Ok(())
 }

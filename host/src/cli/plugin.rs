@@ -6,10 +6,10 @@ use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::plugin::{
+use maporl::plugin::{
     self, Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier, World,
 };
-use crate::transcript::{Task, Transcript};
+use maporl::transcript::{Task, Transcript};
 
 #[derive(Subcommand)]
 pub enum PluginCommand {

@@ -1,4 +1,4 @@
-//! `maporl report RUN`: an HTML page for a run directory (see [`crate::report`]).
+//! `maporl report RUN`: an HTML page for a run directory (see [`maporl::report`]).
 
 use std::path::PathBuf;
 
@@ -15,7 +15,7 @@ pub struct ReportArgs {
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     let out = args.out.unwrap_or_else(|| args.run.join("report.html"));
-    let written = crate::report::write(&args.run, &out)?;
+    let written = maporl::report::write(&args.run, &out)?;
     println!("wrote {}", written.display());
     Ok(())
 }

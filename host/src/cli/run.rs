@@ -1,19 +1,15 @@
 //! `maporl eval` and `maporl debate`: debates between LLM agents, as a run config describes.
+//! Also what the commands share: the config arguments and the progress bars.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use candle_core::{DType, Device};
 use clap::Args;
 
-use crate::bundle::{LockedPlugin, PluginLock};
-use crate::config::{expand_home, write_atomic, Config};
-use crate::debate::{self, Debate, ModelTeam, OnPluginError, PluginHashes, Plugins, TeamOptions};
-use crate::model::{Lora, SamplingParams};
-use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
-use crate::transcript::Task;
+use maporl::config::Config;
+use maporl::debate::{self, OnPluginError};
+use maporl::session::{Progress, Session};
+use maporl::train::Evaluation;
+use maporl::transcript::Task;
 
 #[derive(Args)]
 pub struct ConfigArgs {
@@ -40,263 +36,38 @@ pub struct DebateArgs {
     kind: Option<String>,
 }
 
-/// Everything a debate run needs, built from a config.
-pub(crate) struct Setup {
-    pub config: Config,
-    pub plugins: Plugins,
-    pub team: ModelTeam,
-    /// The exact plugins loaded, for the run's `plugins.lock`.
-    pub lock: PluginLock,
-}
-
-impl Setup {
-    pub fn new(config: Config) -> anyhow::Result<Setup> {
-        let (plugins, lock) = load_plugins(&config)?;
-        let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
-            .map(|a| expand_home(config.agent_model(a)))
-            .collect();
-        let g = &config.generation;
-        let opts = TeamOptions {
-            sampling: SamplingParams {
-                temperature: g.temperature,
-                top_p: g.top_p,
-                top_k: g.top_k,
-            },
-            max_new_tokens: g.max_new_tokens,
-            // A turn's prompts for every agent on one base form one batch.
-            batch_size: config.debate.batch_size * config.debate.agents as usize,
-            seed: config.seed,
-            dtype: match config.model.dtype.as_str() {
-                "bf16" => DType::BF16,
-                "f16" => DType::F16,
-                _ => DType::F32,
-            },
-        };
-        let mut team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
-        for a in 0..config.debate.agents as usize {
-            if let Some(dir) = config.agent_adapter(a) {
-                let dir = expand_home(dir);
-                let agent = team.agent_mut(a);
-                agent.lora =
-                    Some(Lora::load(&dir, &agent.base).with_context(|| {
-                        format!("agents[{a}].adapter: loading {}", dir.display())
-                    })?);
-            }
-        }
-        // The paper's frozen turn-1 policy: adapters speak from this turn on.
-        team.use_adapters_from_turn(config.train.adapter_from_turn);
-        Ok(Setup {
-            config,
-            plugins,
-            team,
-            lock,
-        })
-    }
-
-    /// Debates `tasks` in batches of `debate.batch_size`, with a progress bar; returns the
-    /// debates and the time spent in plugins and in the team.
-    pub fn debate_all(
-        &mut self,
-        tasks: &[Task],
-        label: &'static str,
-    ) -> anyhow::Result<(Vec<Debate>, Duration, Duration)> {
-        let d = &self.config.debate;
-        let (agents, turns, batch) = (d.agents, d.turns, d.batch_size);
-        let on_error = self.on_error();
-        let bar = progress_bar(tasks.len() as u64, label);
-        let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
-        let mut debates = Vec::with_capacity(tasks.len());
-        for chunk in tasks.chunks(batch) {
-            let rollout = debate::run(
-                &mut self.plugins,
-                &mut self.team,
-                chunk,
-                agents,
-                turns,
-                on_error,
-            )?;
-            plugin_time += rollout.plugin_time;
-            team_time += rollout.team_time;
-            debates.extend(rollout.debates);
-            bar.inc(chunk.len() as u64);
-        }
-        bar.finish_and_clear();
-        Ok((debates, plugin_time, team_time))
-    }
-
-    pub fn on_error(&self) -> OnPluginError {
-        if self.config.debate.on_plugin_error == "drop-task" {
-            OnPluginError::DropTask
-        } else {
-            OnPluginError::Stop
-        }
-    }
-}
-
-/// The config's three plugins, each in its own sandbox, and the lock that pins them (and
-/// the learned verifier's checkpoint, offered to plugins as `judge`).
-pub(crate) fn load_plugins(config: &Config) -> anyhow::Result<(Plugins, PluginLock)> {
-    // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
-    let judge = crate::verifier::LearnedVerifier::from_config(config)?.map(Arc::new);
-    let runtime = Runtime::new(RuntimeOptions {
-        seed: config.seed,
-        judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),
-        ..RuntimeOptions::default()
-    })?;
-    let p = &config.plugins;
-    // Paths or `bundle/component@req` references; bundles are checked against the
-    // config's trust policy and pinned by sha256 in `lock`.
-    let [protocol, verifier, shaper] = crate::bundle::resolve_plugins(config)?;
-    let plugins = Plugins {
-        protocol: Protocol::load(
-            &runtime,
-            &protocol.path,
-            &protocol.settings,
-            &p.protocol.limits,
-        )?,
-        verifier: Verifier::load(
-            &runtime,
-            &verifier.path,
-            &verifier.settings,
-            &p.verifier.limits,
-        )?,
-        shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
-    };
-    let lock = PluginLock {
-        protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
-        verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
-        shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
-        verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
-            path: j.checkpoint().display().to_string(),
-            sha256: j.sha256().to_string(),
-        }),
-    };
-    Ok((plugins, lock))
-}
-
-/// Scores `debates` and writes the report to `path` (atomically), with the learned
-/// verifier's checkpoint hash when one scored them.
-pub(crate) fn write_report(
-    path: &Path,
-    debates: &[Debate],
-    hashes: &PluginHashes,
-) -> anyhow::Result<crate::eval::Report> {
-    let report = crate::eval::evaluate(debates);
-    let mut json = serde_json::to_value(&report)?;
-    if let (Some(sha), Some(obj)) = (&hashes.verifier_checkpoint, json.as_object_mut()) {
-        obj.insert("verifier_checkpoint_sha256".into(), sha.clone().into());
-    }
-    write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
-    Ok(report)
-}
-
-/// Splits the selected tasks into the evaluation set (the first `data.held_out`) and the
-/// training set (the rest); without a held-out set both are every task.
-pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>, Vec<Task>)> {
-    let n = config.data.held_out;
-    if n == 0 {
-        return Ok((tasks.clone(), tasks));
-    }
-    if n >= tasks.len() {
-        bail!(
-            "data.held_out = {n} leaves no training tasks: the config selects {} (raise \
-             data.count)",
-            tasks.len()
-        );
-    }
-    let train = tasks[n..].to_vec();
-    let mut eval = tasks;
-    eval.truncate(n);
-    Ok((eval, train))
-}
-
-/// The tasks the config names.
-pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
-    let d = &config.data;
-    let path = expand_home(&d.path);
-    let all = match d.source.as_str() {
-        "arithmetic" => crate::data::arithmetic(
-            d.offset + d.count.max(1),
-            d.difficulty,
-            d.seed.unwrap_or(config.seed),
-        ),
-        "gsm8k" => crate::data::gsm8k(&path)?,
-        "anli" => crate::data::anli(&path)?,
-        "jsonl" => {
-            let fields = d
-                .fields
-                .as_ref()
-                .context("data.fields is required for jsonl")?;
-            let kind = if d.kind.is_empty() {
-                "jsonl"
-            } else {
-                d.kind.as_str()
-            };
-            crate::data::jsonl(&path, kind, fields)?
-        }
-        other => bail!("unknown data.source {other:?}"),
-    };
-    let take = if d.count == 0 { usize::MAX } else { d.count };
-    let tasks: Vec<Task> = all.into_iter().skip(d.offset).take(take).collect();
-    if tasks.is_empty() {
-        bail!(
-            "the config selects no tasks (data.offset = {}, data.count = {})",
-            d.offset,
-            d.count
-        );
-    }
-    Ok(tasks)
-}
-
 pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
-    evaluate(Config::load(&args.config, &args.overrides)?)
+    let config = Config::load(&args.config, &args.overrides)?;
+    print_evaluation(&maporl::train::evaluate(config, &mut Bars::default())?);
+    Ok(())
 }
 
-/// Debates over the config's tasks with the team as configured; writes the transcripts,
-/// `eval.json` and the per-turn table.
-pub fn evaluate(config: Config) -> anyhow::Result<()> {
-    let run_dir = PathBuf::from(&config.run_dir);
-    let (tasks, _) = held_out(tasks(&config)?, &config)?;
-    // Everything that can refuse the run (model, plugins, limits) before anything is
-    // written: a refused run leaves no directory behind.
-    let mut setup = Setup::new(config)?;
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-    write_atomic(
-        &run_dir.join("config.toml"),
-        setup.config.to_toml().as_bytes(),
-    )?;
-    setup.lock.write(&run_dir)?;
-    let started = Instant::now();
-    let (debates, plugin_time, team_time) = setup.debate_all(&tasks, "debating")?;
-    let elapsed = started.elapsed();
-    let hashes = PluginHashes::of(&setup.plugins);
-    debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
-    let report = write_report(&run_dir.join("eval.json"), &debates, &hashes)?;
-    println!("{}", report.table());
-    let utterances: usize = debates.iter().map(|d| d.speeches.len()).sum();
-    let tokens: usize = debates
+/// The per-turn table of an evaluation, its throughput and the tasks it dropped.
+pub(super) fn print_evaluation(e: &Evaluation) {
+    println!("{}", e.report.table());
+    let utterances: usize = e.debates.iter().map(|d| d.speeches.len()).sum();
+    let tokens: usize = e
+        .debates
         .iter()
         .flat_map(|d| &d.speeches)
         .map(|s| s.response_tokens)
         .sum();
+    let elapsed = e.elapsed.as_secs_f64();
     println!(
-        "{utterances} utterances, {tokens} generated tokens in {:.1} s ({:.2} utterances/s, {:.1} tokens/s); \
-         plugins took {:.3}% of the time",
-        elapsed.as_secs_f64(),
-        utterances as f64 / elapsed.as_secs_f64(),
-        tokens as f64 / team_time.as_secs_f64().max(1e-9),
-        100.0 * plugin_time.as_secs_f64() / elapsed.as_secs_f64()
+        "{utterances} utterances, {tokens} generated tokens in {elapsed:.1} s ({:.2} utterances/s, \
+         {:.1} tokens/s); plugins took {:.3}% of the time",
+        utterances as f64 / elapsed,
+        tokens as f64 / e.team_time.as_secs_f64().max(1e-9),
+        100.0 * e.plugin_time.as_secs_f64() / elapsed
     );
-    for d in debates.iter().filter(|d| d.error.is_some()) {
+    for d in e.debates.iter().filter(|d| d.error.is_some()) {
         eprintln!(
             "dropped task {}: {}",
             d.task.id,
             d.error.as_deref().unwrap_or_default()
         );
     }
-    println!("wrote {}", run_dir.display());
-    Ok(())
+    println!("wrote {}", e.run_dir.display());
 }
 
 pub fn debate(args: DebateArgs) -> anyhow::Result<()> {
@@ -316,11 +87,11 @@ pub fn debate(args: DebateArgs) -> anyhow::Result<()> {
         reference: args.reference.clone(),
         fields: vec![],
     };
-    let mut setup = Setup::new(config)?;
-    let (agents, turns) = (setup.config.debate.agents, setup.config.debate.turns);
+    let mut session = Session::open(config)?;
+    let (agents, turns) = (session.config.debate.agents, session.config.debate.turns);
     let rollout = debate::run(
-        &mut setup.plugins,
-        &mut setup.team,
+        &mut session.plugins,
+        &mut session.team,
         std::slice::from_ref(&task),
         agents,
         turns,
@@ -374,7 +145,7 @@ fn indent(text: &str) -> String {
 }
 
 /// A progress bar with an ETA on a terminal; nothing when stderr is not a TTY.
-pub(crate) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+pub(super) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -387,9 +158,39 @@ pub(crate) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// The library's progress as the command line shows it: a bar per phase, notes on stdout.
+#[derive(Default)]
+pub(super) struct Bars(Option<indicatif::ProgressBar>);
+
+impl Progress for Bars {
+    fn begin(&mut self, what: &str, len: u64, done: u64) {
+        let bar = progress_bar(len, what);
+        bar.set_position(done);
+        if let Some(old) = self.0.replace(bar) {
+            old.finish_and_clear();
+        }
+    }
+    fn advance(&mut self, by: u64) {
+        if let Some(bar) = &self.0 {
+            bar.inc(by);
+        }
+    }
+    fn end(&mut self) {
+        if let Some(bar) = self.0.take() {
+            bar.finish_and_clear();
+        }
+    }
+    fn note(&mut self, line: &str) {
+        match &self.0 {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+}
+
 /// `maporl data fetch`.
 pub fn fetch(dataset: &str, dir: &Path) -> anyhow::Result<()> {
-    let files = crate::data::fetch(dataset, dir, None)?;
+    let files = maporl::data::fetch(dataset, dir, None)?;
     for f in files {
         println!("{}", f.display());
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::toy;
+use maporl::toy;
 
 #[derive(Args)]
 pub struct ToyArgs {

@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use candle_core::DType;
 use clap::{Args, Subcommand};
 
-use super::run::{held_out, progress_bar, tasks, ConfigArgs, Setup};
-use crate::config::{expand_home, Config};
-use crate::verifier::data::{balance, sample_answers, write_jsonl};
-use crate::verifier::train::{train, TrainOptions};
+use super::run::{progress_bar, ConfigArgs};
+use maporl::config::{expand_home, Config};
+use maporl::session::{held_out, tasks, Session};
+use maporl::verifier::data::{balance, sample_answers, write_jsonl};
+use maporl::verifier::train::{train, TrainOptions};
 
 #[derive(Subcommand)]
 pub enum VerifierCommand {
@@ -65,16 +65,16 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Never the evaluation set: a verifier trained on it would inflate held-out scores.
     let (_, tasks) = held_out(tasks(&config)?, &config)?;
     let g = config.verifier.generate.clone();
-    let mut setup = Setup::new(config)?;
-    let (agents, turns) = (setup.config.debate.agents, setup.config.debate.turns);
-    let batch = setup.config.debate.batch_size.max(1);
+    let mut session = Session::open(config)?;
+    let (agents, turns) = (session.config.debate.agents, session.config.debate.turns);
+    let batch = session.config.debate.batch_size.max(1);
     let bar = progress_bar(tasks.len() as u64, "sampling answers");
     let mut all = Vec::new();
     for chunk in tasks.chunks(batch) {
         all.extend(sample_answers(
-            &mut setup.plugins.protocol,
-            &mut setup.plugins.verifier,
-            &mut setup.team,
+            &mut session.plugins.protocol,
+            &mut session.plugins.verifier,
+            &mut session.team,
             chunk,
             g.samples_per_question,
             agents,
@@ -85,7 +85,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let right = all.iter().filter(|s| s.correct).count();
     let sampled = all.len();
-    let (kept, stats) = balance(all, g.per_class, setup.config.seed);
+    let (kept, stats) = balance(all, g.per_class, session.config.seed);
     write_jsonl(&args.out, &kept)?;
     println!(
         "{sampled} answers to {} questions ({right} right, {:.1}%); kept {} questions x ({} \
@@ -131,11 +131,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         train: v.train.clone(),
         max_response_tokens: v.max_response_tokens,
         seed: config.seed,
-        dtype: match config.model.dtype.as_str() {
-            "bf16" => DType::BF16,
-            "f16" => DType::F16,
-            _ => DType::F32,
-        },
+        dtype: config.model.candle_dtype(),
         resume: args.resume,
         stop_after: args.stop_after,
         verbose: true,
@@ -145,9 +141,9 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
     if args.resume {
         // A resumed run must be the same run: only how long and how often to checkpoint
         // may change.
-        super::train::check_config(&run_dir, &config)?;
+        maporl::train::check_config(&run_dir, &config)?;
     } else {
-        if crate::checkpoint::Checkpoints::new(&run_dir)
+        if maporl::checkpoint::Checkpoints::new(&run_dir)
             .latest()?
             .is_some()
         {
@@ -160,7 +156,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         fresh = !run_dir.exists();
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-        crate::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+        maporl::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     }
     let stop = super::interrupt::interrupt_flag();
     let trained = train(&opts, &stop);

@@ -3,9 +3,10 @@
 
 use clap::Args;
 
-use super::run::{load_plugins, tasks, ConfigArgs};
-use crate::config::{expand_home, Config};
-use crate::warm_start::{warm_start, Summary};
+use super::run::ConfigArgs;
+use maporl::config::{expand_home, Config};
+use maporl::session::{load_plugins, tasks};
+use maporl::warm_start::{warm_start, Summary};
 
 #[derive(Args)]
 pub struct WarmStartArgs {
@@ -58,7 +59,7 @@ pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
     let summary = warm_start(&config, &mut plugins, &exclude, &out, |step, loss| {
         window.push(loss);
         if (step + 1) % every == 0 {
-            let memory = crate::model::resident_mib()
+            let memory = maporl::model::resident_mib()
                 .map(|m| format!(", resident {} MiB (peak {})", m.now, m.peak))
                 .unwrap_or_default();
             println!(

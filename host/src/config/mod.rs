@@ -234,6 +234,17 @@ pub struct ModelConfig {
     pub dtype: String,
 }
 
+impl ModelConfig {
+    /// The candle dtype `dtype` names (f32 for anything `validate` would have refused).
+    pub fn candle_dtype(&self) -> candle_core::DType {
+        match self.dtype.as_str() {
+            "bf16" => candle_core::DType::BF16,
+            "f16" => candle_core::DType::F16,
+            _ => candle_core::DType::F32,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {

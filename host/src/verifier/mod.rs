@@ -341,11 +341,7 @@ impl LearnedVerifier {
         } else {
             &v.model
         };
-        let dtype = match config.model.dtype.as_str() {
-            "bf16" => DType::BF16,
-            "f16" => DType::F16,
-            _ => DType::F32,
-        };
+        let dtype = config.model.candle_dtype();
         Self::load(
             &expand_home(model),
             &expand_home(&v.checkpoint),

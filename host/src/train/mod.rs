@@ -1,12 +1,15 @@
-//! `maporl train`: MAPoRL's loop. Each step debates a batch of tasks, shapes the rewards,
-//! and updates every learning agent with PPO on its own utterances; one metrics line per
-//! step; checkpoints every N steps, at the end and on Ctrl-C, from which `--resume`
-//! continues exactly. The `sft` and `off-the-shelf` baselines live beside it.
+//! MAPoRL's training loop. Each step debates a batch of tasks, shapes the rewards, and
+//! updates every learning agent with PPO on its own utterances; one metrics line per step;
+//! checkpoints every N steps, at the end and when asked to stop, from which a resumed run
+//! continues exactly. The baselines live beside it: `sft` and `off-the-shelf` (an
+//! evaluation, [`evaluate`]).
 
+mod evaluate;
 mod sft;
 mod state;
 
-pub(crate) use state::check_config;
+pub use evaluate::{evaluate, Evaluation};
+pub use state::check_config;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -16,31 +19,75 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use candle_core::DType;
-use clap::Args;
 use serde::Serialize;
 
-use super::run::{held_out, tasks, ConfigArgs, Setup};
 use crate::checkpoint::{replace_dir, Checkpoints};
-use crate::config::{write_atomic, Config};
+use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
+use crate::eval::Report;
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
 use crate::ppo::{learning_rate, ppo_step, samples_of, AgentOptimizer, KlController, StepStats};
+use crate::session::{held_out, tasks, Progress, Session};
 use crate::transcript::Task;
 
-#[derive(Args)]
-pub struct TrainArgs {
-    #[command(flatten)]
-    pub config: ConfigArgs,
-    /// Continue the run in the config's run_dir from its latest checkpoint, exactly as if it
-    /// had not stopped.
-    #[arg(long)]
+/// How a training run starts and when it stops early.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Continue the run in the config's run_dir from its latest checkpoint, exactly as if
+    /// it had not stopped.
     pub resume: bool,
-    /// Stop with a checkpoint once this many steps are done, as Ctrl-C would.
-    #[arg(long, value_name = "STEPS")]
+    /// Stop with a checkpoint once this many steps are done, as a stop request would.
     pub stop_after: Option<usize>,
     /// Resume even though a plugin component differs from the one the checkpoint used.
-    #[arg(long)]
     pub allow_plugin_change: bool,
+}
+
+/// How a training run ended.
+pub enum Outcome {
+    /// Every step done: the metrics file, the final adapters, and the held-out
+    /// evaluation before and after training when the config asks for one.
+    Trained {
+        steps: usize,
+        metrics: PathBuf,
+        adapters: PathBuf,
+        held_out: Option<[Report; 2]>,
+    },
+    /// Stopped early (a stop request or `stop_after`) with a checkpoint to resume from.
+    Stopped {
+        step: usize,
+        steps: usize,
+        checkpoint: PathBuf,
+    },
+    /// `train.mode = "off-the-shelf"`: nothing trained, the team evaluated.
+    Evaluated(Evaluation),
+}
+
+/// Runs the config's training (`train.mode`: MAPoRL, single-agent RL, SFT, or the
+/// off-the-shelf team's evaluation). `stop` asks the run to checkpoint and end after the
+/// step in progress (Ctrl-C in the command line).
+pub fn run(
+    config: Config,
+    opts: &Options,
+    progress: &mut dyn Progress,
+    stop: &AtomicBool,
+) -> anyhow::Result<Outcome> {
+    match config.train.mode.as_str() {
+        "off-the-shelf" => {
+            if opts.resume {
+                bail!(
+                    "train.mode = \"off-the-shelf\" trains nothing, so there is nothing to resume"
+                );
+            }
+            evaluate(config, progress).map(Outcome::Evaluated)
+        }
+        "sft" => {
+            if opts.resume {
+                bail!("train.mode = \"sft\" does not resume; run it again from the start");
+            }
+            sft::run(config, progress)
+        }
+        _ => Trainer::open(config, opts, progress)?.run(progress, stop, opts.stop_after),
+    }
 }
 
 /// One line of `metrics.jsonl`.
@@ -79,31 +126,6 @@ struct Metrics {
     peak_resident_mib: Option<u64>,
 }
 
-pub fn train(args: TrainArgs) -> anyhow::Result<()> {
-    let config = Config::load(&args.config.config, &args.config.overrides)?;
-    match config.train.mode.as_str() {
-        "off-the-shelf" => {
-            if args.resume {
-                bail!(
-                    "train.mode = \"off-the-shelf\" trains nothing, so there is nothing to resume"
-                );
-            }
-            super::run::evaluate(config)
-        }
-        "sft" => {
-            if args.resume {
-                bail!("train.mode = \"sft\" does not resume; run it again from the start");
-            }
-            sft::run(config)
-        }
-        _ => {
-            let stop = super::interrupt::interrupt_flag();
-            let mut trainer = Trainer::new(config, &args)?;
-            trainer.run(&stop, args.stop_after)
-        }
-    }
-}
-
 /// One learning agent's training state.
 struct Learner {
     agent: u32,
@@ -117,7 +139,7 @@ struct Learner {
 }
 
 struct Trainer {
-    setup: Setup,
+    session: Session,
     cfg: Config,
     tasks: Vec<Task>,
     /// `data.held_out`'s evaluation set, debated before and after training.
@@ -134,7 +156,11 @@ struct Trainer {
 }
 
 impl Trainer {
-    fn new(config: Config, args: &TrainArgs) -> anyhow::Result<Trainer> {
+    fn open(
+        config: Config,
+        args: &Options,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Trainer> {
         let run_dir = PathBuf::from(&config.run_dir);
         let checkpoints = Checkpoints::new(&run_dir);
         let resume_from = if args.resume {
@@ -164,14 +190,14 @@ impl Trainer {
         };
         // Everything that can refuse the run (model, plugins, limits, the agents' set-up)
         // comes before anything is written: a refused run leaves no directory behind.
-        let mut setup = Setup::new(config)?;
+        let mut session = Session::open(config)?;
         let mut changes = Vec::new();
         if resume_from.is_some() {
             // The plugins must be the ones the run started with (plugins.lock).
-            changes = crate::bundle::check_lock(&run_dir, &setup.lock, args.allow_plugin_change)?;
+            changes = crate::bundle::check_lock(&run_dir, &session.lock, args.allow_plugin_change)?;
         }
-        let cfg = setup.config.clone();
-        let plugin_hashes = PluginHashes::of(&setup.plugins);
+        let cfg = session.config.clone();
+        let plugin_hashes = PluginHashes::of(&session.plugins);
         let learner_ids: Vec<u32> = match cfg.train.mode.as_str() {
             "single" => vec![0],
             _ => (0..cfg.debate.agents).collect(),
@@ -182,21 +208,20 @@ impl Trainer {
                 .as_ref()
                 .map(|(_, p)| p.join(format!("agent-{a}")));
             learners.push(
-                new_learner(&mut setup, &cfg, a, dir.as_deref())
+                new_learner(&mut session, &cfg, a, dir.as_deref())
                     .with_context(|| format!("setting up agent {a} for training"))?,
             );
         }
         for change in changes {
             eprintln!("warning: resuming with a changed plugin: {change}");
         }
-        std::fs::create_dir_all(&run_dir)
-            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
         if resume_from.is_none() {
-            write_atomic(&run_dir.join("config.toml"), cfg.to_toml().as_bytes())?;
+            session.start_run_dir(&run_dir)?;
+        } else {
+            session.lock.write(&run_dir)?;
         }
-        setup.lock.write(&run_dir)?;
         let mut trainer = Trainer {
-            setup,
+            session,
             cfg,
             tasks,
             held,
@@ -209,7 +234,7 @@ impl Trainer {
             run_dir,
         };
         match resume_from {
-            Some((_, dir)) => trainer.restore(&dir, args.allow_plugin_change)?,
+            Some((_, dir)) => trainer.restore(&dir, args.allow_plugin_change, progress)?,
             None => {
                 std::fs::File::create(trainer.metrics_path())
                     .with_context(|| format!("creating {}", trainer.metrics_path().display()))?;
@@ -222,54 +247,70 @@ impl Trainer {
         self.run_dir.join("metrics.jsonl")
     }
 
-    fn run(&mut self, stop: &AtomicBool, stop_after: Option<usize>) -> anyhow::Result<()> {
+    fn run(
+        &mut self,
+        progress: &mut dyn Progress,
+        stop: &AtomicBool,
+        stop_after: Option<usize>,
+    ) -> anyhow::Result<Outcome> {
         let steps = self.cfg.train.steps;
-        let bar = super::run::progress_bar(steps as u64, "training");
-        bar.set_position(self.step as u64);
         let mut metrics_file = std::fs::OpenOptions::new()
             .append(true)
             .open(self.metrics_path())
             .with_context(|| format!("opening {}", self.metrics_path().display()))?;
         let every = self.cfg.train.checkpoint_every;
         if self.step == 0 && !self.held.is_empty() {
-            evaluate_held_out(&mut self.setup, &self.held, &self.run_dir, "before")?;
+            evaluate::held_out(
+                &mut self.session,
+                &self.held,
+                &self.run_dir,
+                "before",
+                progress,
+            )?;
         }
+        progress.begin("training", steps as u64, self.step as u64);
         while self.step < steps {
             let line = self.train_step()?;
             serde_json::to_writer(&mut metrics_file, &line)?;
             metrics_file.write_all(b"\n")?;
             metrics_file.flush()?;
             self.metrics_lines += 1;
-            bar.inc(1);
+            progress.advance(1);
             let interrupted = stop.load(Ordering::SeqCst);
             let stopping = interrupted || stop_after.is_some_and(|n| self.step >= n);
             if stopping || (every > 0 && self.step.is_multiple_of(every)) || self.step == steps {
-                let path = self.save_checkpoint()?;
+                let checkpoint = self.save_checkpoint()?;
                 if stopping && self.step < steps {
-                    bar.finish_and_clear();
-                    println!(
-                        "stopped after step {} of {steps}; checkpoint {}; continue with \
-                         --resume",
-                        self.step,
-                        path.display()
-                    );
-                    return Ok(());
+                    progress.end();
+                    return Ok(Outcome::Stopped {
+                        step: self.step,
+                        steps,
+                        checkpoint,
+                    });
                 }
             }
         }
-        bar.finish_and_clear();
-        let final_dir = self.run_dir.join("checkpoints/final");
-        self.export_adapters(&final_dir)?;
-        if !self.held.is_empty() {
-            evaluate_held_out(&mut self.setup, &self.held, &self.run_dir, "after")?;
-            print_before_after(&self.run_dir)?;
-        }
-        println!(
-            "trained {steps} steps; metrics in {}, adapters in {}",
-            self.metrics_path().display(),
-            final_dir.display()
-        );
-        Ok(())
+        progress.end();
+        let adapters = self.run_dir.join("checkpoints/final");
+        self.export_adapters(&adapters)?;
+        let held_out = if self.held.is_empty() {
+            None
+        } else {
+            let after = evaluate::held_out(
+                &mut self.session,
+                &self.held,
+                &self.run_dir,
+                "after",
+                progress,
+            )?;
+            Some([evaluate::read_report(&self.run_dir, "before")?, after])
+        };
+        Ok(Outcome::Trained {
+            steps,
+            metrics: self.metrics_path(),
+            adapters,
+            held_out,
+        })
     }
 
     /// The turns trained at step `step` (0-based), by `train.schedule`.
@@ -294,15 +335,15 @@ impl Trainer {
             .map(|i| self.tasks[(self.cursor + i) % self.tasks.len()].clone())
             .collect();
         // Fresh plugin instances seeded by the step: a resumed run sees the same plugins.
-        self.setup
+        self.session
             .plugins
             .restart(step as u64)
             .with_context(|| format!("restarting the plugins for step {step}"))?;
-        let on_error = self.setup.on_error();
+        let on_error = self.session.on_error();
         let started = Instant::now();
         let rollout = debate::run(
-            &mut self.setup.plugins,
-            &mut self.setup.team,
+            &mut self.session.plugins,
+            &mut self.session.team,
             &chunk,
             cfg.debate.agents,
             cfg.debate.turns,
@@ -326,7 +367,7 @@ impl Trainer {
             if samples.is_empty() {
                 continue;
             }
-            let agent = self.setup.team.agent(l.agent as usize);
+            let agent = self.session.team.agent(l.agent as usize);
             let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
             let stats = if l.turn_heads.is_empty() {
                 ppo_step(
@@ -436,7 +477,7 @@ impl Trainer {
                     step: self.step,
                     data_cursor: self.cursor,
                     metrics_lines: self.metrics_lines,
-                    samplers: self.setup.team.rng_states(),
+                    samplers: self.session.team.rng_states(),
                     plugins: self.plugin_hashes.clone(),
                     learners: self
                         .learners
@@ -456,7 +497,7 @@ impl Trainer {
     /// An agent's trained parts: PEFT adapter, value head(s), full weights.
     fn save_agent(&self, l: &Learner, out: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(out)?;
-        let agent = self.setup.team.agent(l.agent as usize);
+        let agent = self.session.team.agent(l.agent as usize);
         if let Some(lora) = &agent.lora {
             lora.save(out, self.cfg.agent_model(l.agent as usize))?;
         }
@@ -473,7 +514,12 @@ impl Trainer {
     }
 
     /// Puts the run back where the checkpoint in `dir` left it.
-    fn restore(&mut self, dir: &Path, allow_plugin_change: bool) -> anyhow::Result<()> {
+    fn restore(
+        &mut self,
+        dir: &Path,
+        allow_plugin_change: bool,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<()> {
         let st = state::TrainState::read(dir)?;
         if st.plugins != self.plugin_hashes && !allow_plugin_change {
             bail!(
@@ -505,7 +551,7 @@ impl Trainer {
             }
             l.kl = s.kl.clone();
         }
-        self.setup
+        self.session
             .team
             .restore_rng_states(&st.samplers)
             .with_context(|| format!("restoring the samplers from {}", dir.display()))?;
@@ -513,12 +559,12 @@ impl Trainer {
         self.cursor = st.data_cursor;
         self.metrics_lines = st.metrics_lines;
         crate::checkpoint::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
-        eprintln!(
+        progress.note(&format!(
             "resuming after step {} of {} from {}",
             st.step,
             self.cfg.train.steps,
             dir.display()
-        );
+        ));
         Ok(())
     }
 
@@ -533,65 +579,16 @@ impl Trainer {
     }
 }
 
-/// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and
-/// `transcripts-NAME.jsonl`. Leaves the run as it found it: the samplers are restored and
-/// the plugins restarted afresh before the next step, so a run with a held-out evaluation
-/// trains exactly like one without.
-fn evaluate_held_out(
-    setup: &mut Setup,
-    held: &[Task],
-    run_dir: &Path,
-    name: &str,
-) -> anyhow::Result<crate::eval::Report> {
-    let samplers = setup.team.rng_states();
-    // An epoch no training step uses; the same before and after, so that the two
-    // evaluations differ only by the training.
-    setup.plugins.restart(u64::MAX)?;
-    let label = if name == "before" {
-        "evaluating (before)"
-    } else {
-        "evaluating (after)"
-    };
-    let (debates, _, _) = setup
-        .debate_all(held, label)
-        .with_context(|| format!("the held-out evaluation {name} training"))?;
-    setup.team.restore_rng_states(&samplers)?;
-    let hashes = PluginHashes::of(&setup.plugins);
-    debate::write_transcripts(
-        &run_dir.join(format!("transcripts-{name}.jsonl")),
-        &debates,
-        &hashes,
-    )?;
-    super::run::write_report(
-        &run_dir.join(format!("eval-{name}.json")),
-        &debates,
-        &hashes,
-    )
-}
-
-/// Prints the held-out tables before and after training, from the run's files.
-fn print_before_after(run_dir: &Path) -> anyhow::Result<()> {
-    for name in ["before", "after"] {
-        let path = run_dir.join(format!("eval-{name}.json"));
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let report: crate::eval::Report = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not an evaluation report", path.display()))?;
-        println!("held-out tasks, {name} training:\n{}", report.table());
-    }
-    Ok(())
-}
-
 /// A learner for agent `a`: an adapter (or its own trainable weights), value head(s) and an
 /// optimizer, fresh or read from the checkpoint directory `from`.
 fn new_learner(
-    setup: &mut Setup,
+    session: &mut Session,
     cfg: &Config,
     a: u32,
     from: Option<&Path>,
 ) -> anyhow::Result<Learner> {
     let t = &cfg.train;
-    let agent = setup.team.agent_mut(a as usize);
+    let agent = session.team.agent_mut(a as usize);
     let base = agent.base.clone();
     let hidden = base.config().hidden_size;
     let seed = cfg.seed + u64::from(a);

@@ -12,12 +12,13 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::super::run::{held_out, tasks, Setup};
+use super::{evaluate, Outcome};
 use crate::checkpoint::{replace_dir, Checkpoints};
-use crate::config::{write_atomic, Config};
+use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
 use crate::model::{score, Lora, LoraConfig};
 use crate::ppo::{samples_of, AgentOptimizer};
+use crate::session::{held_out, tasks, Progress, Session};
 
 /// One line of `metrics.jsonl`: an epoch of one agent.
 #[derive(Serialize)]
@@ -37,7 +38,7 @@ struct Metrics {
     peak_resident_mib: Option<u64>,
 }
 
-pub fn run(config: Config) -> anyhow::Result<()> {
+pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result<Outcome> {
     let run_dir = PathBuf::from(&config.run_dir);
     if Checkpoints::new(&run_dir).latest()?.is_some() || run_dir.join("metrics.jsonl").exists() {
         anyhow::bail!(
@@ -47,30 +48,26 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     let (held, tasks) = held_out(tasks(&config)?, &config)?;
     // Refusals (model, plugins, limits) come before anything is written.
-    let mut setup = Setup::new(config)?;
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-    write_atomic(
-        &run_dir.join("config.toml"),
-        setup.config.to_toml().as_bytes(),
-    )?;
-    setup.lock.write(&run_dir)?;
-    let cfg = setup.config.clone();
+    let mut session = Session::open(config)?;
+    session.start_run_dir(&run_dir)?;
+    let cfg = session.config.clone();
     let sft = &cfg.train.sft;
 
     // 1. The off-the-shelf team's debates.
-    let (debates, _, _) = setup.debate_all(&tasks, "debating (off the shelf)")?;
-    let hashes = PluginHashes::of(&setup.plugins);
+    let debates = session
+        .debate_all(&tasks, "debating (off the shelf)", progress)?
+        .debates;
+    let hashes = PluginHashes::of(&session.plugins);
     debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
 
     // 2. The best of them.
     let kept = best(&debates, sft.top_fraction);
-    println!(
+    progress.note(&format!(
         "kept {} of {} debates (top {:.0}% by total reward)",
         kept.len(),
         debates.len(),
         sft.top_fraction * 100.0
-    );
+    ));
 
     // 3. Every agent learns its own utterances in them.
     let metrics_path = run_dir.join("metrics.jsonl");
@@ -87,7 +84,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             eprintln!("agent {a} has no utterances in the kept debates; it stays untrained");
             continue;
         }
-        let agent = setup.team.agent_mut(a as usize);
+        let agent = session.team.agent_mut(a as usize);
         let base = agent.base.clone();
         agent.lora = Some(Lora::new(
             &base,
@@ -98,7 +95,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             },
             cfg.seed + u64::from(a),
         )?);
-        let agent = setup.team.agent(a as usize);
+        let agent = session.team.agent(a as usize);
         let mut optimizer =
             AgentOptimizer::new(agent.named_trainable_vars(), sft.lr, t.ppo.weight_decay)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5f7 ^ u64::from(a));
@@ -130,10 +127,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 resident_mib: memory.map(|m| m.now),
                 peak_resident_mib: memory.map(|m| m.peak),
             };
-            println!(
+            progress.note(&format!(
                 "agent {a} epoch {epoch}: loss {:.4} over {} responses",
                 line.loss, line.samples
-            );
+            ));
             serde_json::to_writer(&mut metrics, &line)?;
             metrics.write_all(b"\n")?;
         }
@@ -143,30 +140,32 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let final_dir = run_dir.join("checkpoints/final");
     replace_dir(&final_dir, |tmp| {
         for a in 0..cfg.debate.agents {
-            if let Some(lora) = &setup.team.agent(a as usize).lora {
+            if let Some(lora) = &session.team.agent(a as usize).lora {
                 lora.save(&tmp.join(format!("agent-{a}")), cfg.agent_model(a as usize))?;
             }
         }
         Ok(())
     })?;
-    if cfg.data.held_out > 0 {
+    let held_out = if cfg.data.held_out > 0 {
         // The untrained team's debates on the held-out set, then the tuned team's.
         let tuned: Vec<_> = (0..cfg.debate.agents as usize)
-            .map(|a| setup.team.agent_mut(a).lora.take())
+            .map(|a| session.team.agent_mut(a).lora.take())
             .collect();
-        super::evaluate_held_out(&mut setup, &held, &run_dir, "before")?;
+        let before = evaluate::held_out(&mut session, &held, &run_dir, "before", progress)?;
         for (a, lora) in tuned.into_iter().enumerate() {
-            setup.team.agent_mut(a).lora = lora;
+            session.team.agent_mut(a).lora = lora;
         }
-        super::evaluate_held_out(&mut setup, &held, &run_dir, "after")?;
-        super::print_before_after(&run_dir)?;
-    }
-    println!(
-        "SFT done; metrics in {}, adapters in {}",
-        metrics_path.display(),
-        final_dir.display()
-    );
-    Ok(())
+        let after = evaluate::held_out(&mut session, &held, &run_dir, "after", progress)?;
+        Some([before, after])
+    } else {
+        None
+    };
+    Ok(Outcome::Trained {
+        steps: sft.epochs,
+        metrics: metrics_path,
+        adapters: final_dir,
+        held_out,
+    })
 }
 
 /// The best `fraction` of the debates that finished, by the sum of their utterances' shaped

@@ -1,0 +1,255 @@
+//! A run's working set, loaded once for every command: the config, the three plugins in
+//! their sandboxes (with the learned verifier they may `judge` with), the team of agents,
+//! and the lock that pins the plugins. Also the config's tasks and their held-out split.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use candle_core::Device;
+
+use crate::bundle::{LockedPlugin, PluginLock};
+use crate::config::{expand_home, write_atomic, Config};
+use crate::debate::{self, Debate, ModelTeam, OnPluginError, Plugins, TeamOptions};
+use crate::model::{Lora, SamplingParams};
+use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
+use crate::transcript::Task;
+
+/// What a long library call tells its caller as it goes: a command line draws progress
+/// bars and prints the notes; a test or a server may ignore both.
+pub trait Progress {
+    /// A phase of `len` units (tasks, steps) begins, `done` of them already done.
+    fn begin(&mut self, what: &str, len: u64, done: u64) {
+        let _ = (what, len, done);
+    }
+    /// `by` more units of the phase are done.
+    fn advance(&mut self, by: u64) {
+        let _ = by;
+    }
+    /// The phase is over.
+    fn end(&mut self) {}
+    /// A line for the person running the command (a summary, not a diagnostic).
+    fn note(&mut self, line: &str) {
+        let _ = line;
+    }
+}
+
+/// Progress that goes nowhere.
+pub struct Quiet;
+
+impl Progress for Quiet {}
+
+/// Everything a debate run needs, built from a config.
+pub struct Session {
+    pub config: Config,
+    pub plugins: Plugins,
+    pub team: ModelTeam,
+    /// The exact plugins loaded, for the run's `plugins.lock`.
+    pub lock: PluginLock,
+}
+
+/// The debates of many batches and where the time went.
+pub struct Debated {
+    pub debates: Vec<Debate>,
+    /// Time inside plugin calls, and generating.
+    pub plugin_time: Duration,
+    pub team_time: Duration,
+}
+
+impl Session {
+    /// Loads the config's plugins and team (with any adapters it names). Everything that
+    /// can refuse a run (models, plugins, limits) happens here, before a command writes
+    /// anything.
+    pub fn open(config: Config) -> anyhow::Result<Session> {
+        let (plugins, lock) = load_plugins(&config)?;
+        let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
+            .map(|a| expand_home(config.agent_model(a)))
+            .collect();
+        let g = &config.generation;
+        let opts = TeamOptions {
+            sampling: SamplingParams {
+                temperature: g.temperature,
+                top_p: g.top_p,
+                top_k: g.top_k,
+            },
+            max_new_tokens: g.max_new_tokens,
+            // A turn's prompts for every agent on one base form one batch.
+            batch_size: config.debate.batch_size * config.debate.agents as usize,
+            seed: config.seed,
+            dtype: config.model.candle_dtype(),
+        };
+        let mut team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
+        for a in 0..config.debate.agents as usize {
+            if let Some(dir) = config.agent_adapter(a) {
+                let dir = expand_home(dir);
+                let agent = team.agent_mut(a);
+                agent.lora =
+                    Some(Lora::load(&dir, &agent.base).with_context(|| {
+                        format!("agents[{a}].adapter: loading {}", dir.display())
+                    })?);
+            }
+        }
+        // The paper's frozen turn-1 policy: adapters speak from this turn on.
+        team.use_adapters_from_turn(config.train.adapter_from_turn);
+        Ok(Session {
+            config,
+            plugins,
+            team,
+            lock,
+        })
+    }
+
+    /// Makes `run_dir` and writes the resolved config and the plugins' lock into it.
+    pub fn start_run_dir(&self, run_dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating run dir {}", run_dir.display()))?;
+        write_atomic(
+            &run_dir.join("config.toml"),
+            self.config.to_toml().as_bytes(),
+        )?;
+        self.lock.write(run_dir)
+    }
+
+    /// Debates `tasks` in batches of `debate.batch_size`.
+    pub fn debate_all(
+        &mut self,
+        tasks: &[Task],
+        label: &str,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Debated> {
+        let d = &self.config.debate;
+        let (agents, turns, batch) = (d.agents, d.turns, d.batch_size);
+        let on_error = self.on_error();
+        progress.begin(label, tasks.len() as u64, 0);
+        let mut out = Debated {
+            debates: Vec::with_capacity(tasks.len()),
+            plugin_time: Duration::ZERO,
+            team_time: Duration::ZERO,
+        };
+        for chunk in tasks.chunks(batch) {
+            let rollout = debate::run(
+                &mut self.plugins,
+                &mut self.team,
+                chunk,
+                agents,
+                turns,
+                on_error,
+            )?;
+            out.plugin_time += rollout.plugin_time;
+            out.team_time += rollout.team_time;
+            out.debates.extend(rollout.debates);
+            progress.advance(chunk.len() as u64);
+        }
+        progress.end();
+        Ok(out)
+    }
+
+    /// What a plugin failure does to the run (`debate.on_plugin_error`).
+    pub fn on_error(&self) -> OnPluginError {
+        if self.config.debate.on_plugin_error == "drop-task" {
+            OnPluginError::DropTask
+        } else {
+            OnPluginError::Stop
+        }
+    }
+}
+
+/// The config's three plugins, each in its own sandbox, and the lock that pins them (and
+/// the learned verifier's checkpoint, offered to plugins as `judge`).
+pub fn load_plugins(config: &Config) -> anyhow::Result<(Plugins, PluginLock)> {
+    // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
+    let judge = crate::verifier::LearnedVerifier::from_config(config)?.map(Arc::new);
+    let runtime = Runtime::new(RuntimeOptions {
+        seed: config.seed,
+        judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),
+        ..RuntimeOptions::default()
+    })?;
+    let p = &config.plugins;
+    // Paths or `bundle/component@req` references; bundles are checked against the
+    // config's trust policy and pinned by sha256 in `lock`.
+    let [protocol, verifier, shaper] = crate::bundle::resolve_plugins(config)?;
+    let plugins = Plugins {
+        protocol: Protocol::load(
+            &runtime,
+            &protocol.path,
+            &protocol.settings,
+            &p.protocol.limits,
+        )?,
+        verifier: Verifier::load(
+            &runtime,
+            &verifier.path,
+            &verifier.settings,
+            &p.verifier.limits,
+        )?,
+        shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
+    };
+    let lock = PluginLock {
+        protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
+        verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
+        shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
+        verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
+            path: j.checkpoint().display().to_string(),
+            sha256: j.sha256().to_string(),
+        }),
+    };
+    Ok((plugins, lock))
+}
+
+/// Splits the selected tasks into the evaluation set (the first `data.held_out`) and the
+/// training set (the rest); without a held-out set both are every task.
+pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>, Vec<Task>)> {
+    let n = config.data.held_out;
+    if n == 0 {
+        return Ok((tasks.clone(), tasks));
+    }
+    if n >= tasks.len() {
+        bail!(
+            "data.held_out = {n} leaves no training tasks: the config selects {} (raise \
+             data.count)",
+            tasks.len()
+        );
+    }
+    let train = tasks[n..].to_vec();
+    let mut eval = tasks;
+    eval.truncate(n);
+    Ok((eval, train))
+}
+
+/// The tasks the config names.
+pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
+    let d = &config.data;
+    let path = expand_home(&d.path);
+    let all = match d.source.as_str() {
+        "arithmetic" => crate::data::arithmetic(
+            d.offset + d.count.max(1),
+            d.difficulty,
+            d.seed.unwrap_or(config.seed),
+        ),
+        "gsm8k" => crate::data::gsm8k(&path)?,
+        "anli" => crate::data::anli(&path)?,
+        "jsonl" => {
+            let fields = d
+                .fields
+                .as_ref()
+                .context("data.fields is required for jsonl")?;
+            let kind = if d.kind.is_empty() {
+                "jsonl"
+            } else {
+                d.kind.as_str()
+            };
+            crate::data::jsonl(&path, kind, fields)?
+        }
+        other => bail!("unknown data.source {other:?}"),
+    };
+    let take = if d.count == 0 { usize::MAX } else { d.count };
+    let tasks: Vec<Task> = all.into_iter().skip(d.offset).take(take).collect();
+    if tasks.is_empty() {
+        bail!(
+            "the config selects no tasks (data.offset = {}, data.count = {})",
+            d.offset,
+            d.count
+        );
+    }
+    Ok(tasks)
+}

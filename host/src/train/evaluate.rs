@@ -1,0 +1,108 @@
+//! The team's evaluation: the `eval` command, the `off-the-shelf` baseline, and the
+//! held-out evaluation before and after training.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::{write_atomic, Config};
+use crate::debate::{self, Debate, PluginHashes};
+use crate::eval::Report;
+use crate::session::{held_out as split, tasks, Progress, Session};
+use crate::transcript::Task;
+
+/// What an evaluation did and where it wrote it.
+pub struct Evaluation {
+    pub run_dir: PathBuf,
+    pub report: Report,
+    pub debates: Vec<Debate>,
+    /// Wall time of the debates, and the parts of it in plugins and generating.
+    pub elapsed: Duration,
+    pub plugin_time: Duration,
+    pub team_time: Duration,
+}
+
+/// Debates over the config's evaluation tasks (the held-out set, when it has one) with the
+/// team as configured; writes `config.toml`, `plugins.lock`, the transcripts and `eval.json`
+/// into the run directory.
+pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<Evaluation> {
+    let run_dir = PathBuf::from(&config.run_dir);
+    let (tasks, _) = split(tasks(&config)?, &config)?;
+    // Everything that can refuse the run (model, plugins, limits) before anything is
+    // written: a refused run leaves no directory behind.
+    let mut session = Session::open(config)?;
+    session.start_run_dir(&run_dir)?;
+    let started = Instant::now();
+    let debated = session.debate_all(&tasks, "debating", progress)?;
+    let elapsed = started.elapsed();
+    let hashes = PluginHashes::of(&session.plugins);
+    debate::write_transcripts(
+        &run_dir.join("transcripts.jsonl"),
+        &debated.debates,
+        &hashes,
+    )?;
+    let report = write_report(&run_dir.join("eval.json"), &debated.debates, &hashes)?;
+    Ok(Evaluation {
+        run_dir,
+        report,
+        debates: debated.debates,
+        elapsed,
+        plugin_time: debated.plugin_time,
+        team_time: debated.team_time,
+    })
+}
+
+/// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and
+/// `transcripts-NAME.jsonl`. Leaves the run as it found it: the samplers are restored and
+/// the plugins restarted afresh before the next step, so a run with a held-out evaluation
+/// trains exactly like one without.
+pub(super) fn held_out(
+    session: &mut Session,
+    held: &[Task],
+    run_dir: &Path,
+    name: &str,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Report> {
+    let samplers = session.team.rng_states();
+    // An epoch no training step uses; the same before and after, so that the two
+    // evaluations differ only by the training.
+    session.plugins.restart(u64::MAX)?;
+    let label = format!("evaluating ({name})");
+    let debated = session
+        .debate_all(held, &label, progress)
+        .with_context(|| format!("the held-out evaluation {name} training"))?;
+    session.team.restore_rng_states(&samplers)?;
+    let hashes = PluginHashes::of(&session.plugins);
+    debate::write_transcripts(
+        &run_dir.join(format!("transcripts-{name}.jsonl")),
+        &debated.debates,
+        &hashes,
+    )?;
+    write_report(
+        &run_dir.join(format!("eval-{name}.json")),
+        &debated.debates,
+        &hashes,
+    )
+}
+
+/// The held-out report `eval-NAME.json` a run wrote.
+pub(super) fn read_report(run_dir: &Path, name: &str) -> anyhow::Result<Report> {
+    let path = run_dir.join(format!("eval-{name}.json"));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not an evaluation report", path.display()))
+}
+
+/// Scores `debates` and writes the report to `path` (atomically), with the learned
+/// verifier's checkpoint hash when one scored them.
+fn write_report(path: &Path, debates: &[Debate], hashes: &PluginHashes) -> anyhow::Result<Report> {
+    let report = crate::eval::evaluate(debates);
+    let mut json = serde_json::to_value(&report)?;
+    if let (Some(sha), Some(obj)) = (&hashes.verifier_checkpoint, json.as_object_mut()) {
+        obj.insert("verifier_checkpoint_sha256".into(), sha.clone().into());
+    }
+    write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    Ok(report)
+}
