@@ -1,7 +1,8 @@
 //! maporl: multi-agent post-co-training of LLMs with reinforcement learning (MAPoRL).
 //!
 //! Data flows one way: data -> debate (protocol, agents, verifier) -> reward shaper -> ppo ->
-//! checkpoint + metrics. Collaboration protocols, verifiers and reward shapers are
+//! checkpoint + metrics. [`train`] holds the loop that drives it; [`session`] loads what
+//! every command needs. Collaboration protocols, verifiers and reward shapers are
 //! WebAssembly components run in a sandbox ([`plugin`]).
 
 pub mod bundle;
@@ -12,8 +13,8 @@ pub mod debate;
 pub mod eval;
 pub mod files;
 pub mod model;
+pub mod optim;
 pub mod plugin;
-pub mod ppo;
 pub mod report;
 pub mod session;
 pub mod toy;

@@ -23,7 +23,7 @@ use crate::checkpoint::replace_dir;
 use crate::config::{Config, WarmStartConfig};
 use crate::debate::{self, OnPluginError, Plugins, ScriptedTeam};
 use crate::model::{self, score, Agent, Base, ChatTemplate};
-use crate::ppo::{learning_rate, AgentOptimizer};
+use crate::optim::{learning_rate, AgentOptimizer};
 use crate::transcript::Task;
 use tokenizers::Tokenizer;
 

@@ -20,11 +20,10 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{DType, Device};
 use maporl::debate::{self, Debate, OnPluginError, Plugins, Response, Team, TokenIds};
 use maporl::model::{score, Agent, Lora, LoraConfig, ValueHead};
+use maporl::optim::AgentOptimizer;
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
-use maporl::ppo::{
-    gae, ppo_step, samples_of, token_rewards, whiten, AgentOptimizer, KlController, PpoConfig,
-    Sample,
-};
+use maporl::train::ppo::{gae, ppo_step, token_rewards, whiten, KlController, PpoConfig, Sample};
+use maporl::train::samples_of;
 use maporl::transcript::ChatMessage;
 use rand::{Rng, SeedableRng};
 use serde_json::json;

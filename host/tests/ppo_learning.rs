@@ -8,7 +8,8 @@ use candle_core::{DType, Device};
 use maporl::model::{
     generate, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams, ValueHead,
 };
-use maporl::ppo::{ppo_step, AgentOptimizer, KlController, PpoConfig, Sample};
+use maporl::optim::AgentOptimizer;
+use maporl::train::ppo::{ppo_step, KlController, PpoConfig, Sample};
 use rand::{Rng, SeedableRng};
 
 mod support;

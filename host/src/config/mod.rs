@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::data::FieldMap;
 use crate::plugin::Limits;
 
+mod ppo;
 mod verifier;
+pub use ppo::{KlEstimator, PpoConfig};
 pub use verifier::{VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
 
 /// A whole run: data, team, debate, plugins.
@@ -128,7 +130,7 @@ pub struct TrainConfig {
     pub turn2_steps: usize,
     /// The SFT baseline (mode "sft").
     pub sft: SftConfig,
-    pub ppo: crate::ppo::PpoConfig,
+    pub ppo: PpoConfig,
 }
 
 /// The paper's SFT baseline: off-the-shelf debates over the data, the best `top_fraction`
@@ -194,7 +196,7 @@ impl Default for TrainConfig {
             schedule: "joint".into(),
             turn2_steps: 0,
             sft: SftConfig::default(),
-            ppo: crate::ppo::PpoConfig::default(),
+            ppo: PpoConfig::default(),
         }
     }
 }

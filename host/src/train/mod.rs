@@ -5,6 +5,7 @@
 //! evaluation, [`evaluate`]).
 
 mod evaluate;
+pub mod ppo;
 mod sft;
 mod state;
 
@@ -26,9 +27,10 @@ use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
 use crate::eval::Report;
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
-use crate::ppo::{learning_rate, ppo_step, samples_of, AgentOptimizer, KlController, StepStats};
+use crate::optim::{learning_rate, AgentOptimizer};
 use crate::session::{held_out, tasks, Progress, Session};
 use crate::transcript::Task;
+use ppo::{ppo_step, KlController, Sample, StepStats};
 
 /// How a training run starts and when it stops early.
 #[derive(Clone, Debug, Default)]
@@ -653,6 +655,32 @@ fn new_learner(
         kl,
         turn_heads,
     })
+}
+
+/// Agent `agent`'s rewarded utterances in `debates` (those that failed are left out), with
+/// their token ids, in debate then turn order.
+pub fn samples_of(debates: &[Debate], agent: u32) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for d in debates.iter().filter(|d| d.error.is_none()) {
+        for (u, s) in d.transcript.utterances.iter().zip(&d.speeches) {
+            if u.agent != agent || s.ids.response.is_empty() || s.ids.prompt.is_empty() {
+                continue;
+            }
+            if let Some(r) = d
+                .rewards
+                .iter()
+                .find(|r| r.turn == u.turn && r.agent == agent)
+            {
+                out.push(Sample {
+                    prompt: s.ids.prompt.clone(),
+                    response: s.ids.response.clone(),
+                    turn: u.turn,
+                    reward: r.total,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Statistics of several updates, weighted by their sample counts (tokens and timings

@@ -12,12 +12,13 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::samples_of;
 use super::{evaluate, Outcome};
 use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
 use crate::model::{score, Lora, LoraConfig};
-use crate::ppo::{samples_of, AgentOptimizer};
+use crate::optim::AgentOptimizer;
 use crate::session::{held_out, tasks, Progress, Session};
 
 /// One line of `metrics.jsonl`: an epoch of one agent.

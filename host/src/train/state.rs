@@ -6,11 +6,11 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use super::ppo::KlController;
 use crate::checkpoint::STATE_FILE;
 use crate::config::{write_atomic, Config};
 use crate::debate::PluginHashes;
 use crate::model::RngState;
-use crate::ppo::KlController;
 
 /// Bumped when the checkpoint layout changes.
 pub const FORMAT: u32 = 1;

@@ -21,7 +21,7 @@ use super::{Meta, VerifierModel, HEAD_FILE, META_FILE};
 use crate::checkpoint::{replace_dir, truncate_lines, Checkpoints, STATE_FILE};
 use crate::config::{write_atomic, VerifierTrainConfig};
 use crate::model::{Lora, LoraConfig, ValueHead};
-use crate::ppo::{learning_rate, AgentOptimizer};
+use crate::optim::{learning_rate, AgentOptimizer};
 
 /// Bumped when the checkpoint layout changes (2: the epoch's running loss).
 const FORMAT: u32 = 2;

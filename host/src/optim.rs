@@ -1,5 +1,7 @@
-//! AdamW with decoupled weight decay over named parameters, whose state (moments and step)
-//! is saved in checkpoints so that a resumed run continues exactly.
+//! The optimizer and the learning-rate schedule every trainer uses (PPO, SFT, the learned
+//! verifier, the warm start): AdamW with decoupled weight decay over named parameters, whose
+//! state (moments and step) is saved in checkpoints so that a resumed run continues exactly,
+//! and linear warmup then linear decay.
 //!
 //! candle-nn's `AdamW` keeps its moments private and applies one decay to every parameter;
 //! this one exempts norms and biases from decay (the usual practice for full fine-tuning) and
@@ -230,6 +232,89 @@ impl AdamW {
     }
 }
 
+/// An agent's optimizer: AdamW over its trainable parameters (adapter and value head, or
+/// the whole model when fully fine-tuned), with state that checkpoints.
+pub struct AgentOptimizer {
+    adamw: AdamW,
+}
+
+impl AgentOptimizer {
+    /// AdamW over an agent's named trainable parameters (e.g.
+    /// [`Agent::named_trainable_vars`]); `weight_decay` skips norms and biases.
+    pub fn new(
+        named: Vec<(String, candle_core::Var)>,
+        lr: f64,
+        weight_decay: f64,
+    ) -> anyhow::Result<AgentOptimizer> {
+        if named.is_empty() {
+            bail!("the agent has nothing to train: give it a LoRA adapter or a value head");
+        }
+        let adamw = AdamW::new(
+            named,
+            lr,
+            AdamWConfig {
+                weight_decay,
+                ..AdamWConfig::default()
+            },
+        )?;
+        Ok(AgentOptimizer { adamw })
+    }
+
+    pub fn set_lr(&mut self, lr: f64) {
+        self.adamw.set_lr(lr);
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.adamw.steps()
+    }
+
+    /// Writes AdamW's moments and step count.
+    pub fn save(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.adamw.save(path)
+    }
+
+    /// Restores what [`save`](Self::save) wrote.
+    pub fn load(&mut self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.adamw.load_state(path)
+    }
+
+    /// Adds `grads` (of one micro-batch's loss) to the gradients of the next step.
+    pub fn accumulate(&mut self, grads: &GradStore) -> anyhow::Result<()> {
+        self.adamw.accumulate(grads)
+    }
+
+    /// One AdamW step on the accumulated gradients, clipped to `max_norm`; returns the
+    /// gradient norm before clipping.
+    pub fn step(&mut self, max_norm: f64) -> anyhow::Result<f64> {
+        self.adamw.step(max_norm)
+    }
+
+    /// Backpropagates `loss`, clips to `max_norm` and steps (a plain supervised update, e.g.
+    /// SFT); returns the gradient norm before clipping.
+    pub fn minimize(&mut self, loss: &Tensor, max_norm: f64) -> anyhow::Result<f64> {
+        self.adamw.accumulate(&loss.backward()?)?;
+        self.adamw.step(max_norm)
+    }
+}
+
+/// The learning rate at `step` of `steps`: linear warmup over `warmup` steps, then linear
+/// decay to `final_fraction` of `base` at the last step (PAPER.md §5: decay to 0.1×).
+pub fn learning_rate(
+    step: usize,
+    steps: usize,
+    warmup: usize,
+    base: f64,
+    final_fraction: f64,
+) -> f64 {
+    if step < warmup {
+        return base * (step + 1) as f64 / warmup as f64;
+    }
+    let span = steps.saturating_sub(warmup).saturating_sub(1).max(1);
+    let progress = ((step - warmup) as f64 / span as f64).min(1.0);
+    base * (1.0 - progress * (1.0 - final_fraction))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,5 +461,19 @@ mod tests {
         other.save(&p).unwrap();
         let err = opt.load_state(&p).unwrap_err().to_string();
         assert!(err.contains("`m.w` is missing"), "{err}");
+    }
+
+    #[test]
+    fn warmup_then_linear_decay_to_the_final_fraction() {
+        let lr = |s| learning_rate(s, 12, 2, 1.0, 0.1);
+        assert_eq!((lr(0), lr(1)), (0.5, 1.0));
+        assert_eq!(lr(2), 1.0);
+        assert!((lr(11) - 0.1).abs() < 1e-12);
+        assert!(lr(6) < lr(5) && lr(6) > 0.1);
+        assert_eq!(
+            learning_rate(0, 1, 0, 2.0, 0.1),
+            2.0,
+            "a single step keeps the base rate"
+        );
     }
 }

@@ -1,0 +1,65 @@
+//! The `[train.ppo]` settings.
+
+use serde::{Deserialize, Serialize};
+
+/// PPO settings; the defaults are PAPER.md §5's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoConfig {
+    pub epochs: usize,
+    pub minibatches: usize,
+    /// Micro-batches per minibatch whose gradients are summed before one optimizer step
+    /// (same update, less memory).
+    pub grad_accum: usize,
+    /// ε of the clipped policy objective.
+    pub clip: f64,
+    /// ε of the clipped value loss.
+    pub value_clip: f64,
+    pub vf_coef: f64,
+    /// Weight of the entropy bonus (0: entropy is only measured).
+    pub ent_coef: f64,
+    /// γ and λ of GAE inside a response.
+    pub gamma: f32,
+    pub lambda: f32,
+    pub whiten_advantages: bool,
+    pub max_grad_norm: f64,
+    pub lr: f64,
+    /// AdamW's decoupled weight decay, on weight matrices only (never norms or biases).
+    pub weight_decay: f64,
+    pub kl_estimator: KlEstimator,
+    /// Positions per lm_head chunk when scoring.
+    pub chunk: usize,
+}
+
+impl Default for PpoConfig {
+    fn default() -> Self {
+        PpoConfig {
+            epochs: 4,
+            minibatches: 8,
+            grad_accum: 1,
+            clip: 0.2,
+            value_clip: 0.2,
+            vf_coef: 0.1,
+            ent_coef: 0.0,
+            gamma: 1.0,
+            lambda: 0.95,
+            whiten_advantages: true,
+            max_grad_norm: 1.0,
+            lr: 1e-5,
+            weight_decay: 0.0,
+            kl_estimator: KlEstimator::K1,
+            chunk: 64,
+        }
+    }
+}
+
+/// How the per-token KL between the policy and the reference is estimated from the sampled
+/// token's log-probs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlEstimator {
+    /// log π − log π_ref: unbiased, can be negative.
+    K1,
+    /// (r − 1) − log r with r = π_ref / π: unbiased, never negative, lower variance.
+    K3,
+}

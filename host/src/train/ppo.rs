@@ -1,0 +1,601 @@
+//! PPO for the agents (PAPER.md §5), the math in one place: one update of one agent on a
+//! batch of its responses (CleanRL's loop, for LLM responses): score with the old policy and
+//! the reference, token rewards with a KL penalty against the frozen base, GAE inside each
+//! response, advantage whitening, then epochs × minibatches of the clipped policy and value
+//! losses with AdamW; and the KL coefficient's controller.
+//!
+//! It meets the debate only through [`Sample`]s: per-utterance rewards and token ids.
+//! Responses are rows of a (batch, R) layout, right-aligned as `model::score` returns them,
+//! with a 0/1 mask on real tokens. Cross-turn credit comes only from the shaped reward: GAE
+//! never crosses from one response into another.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use candle_core::Tensor;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+pub use crate::config::{KlEstimator, PpoConfig};
+use crate::model::{score, Agent};
+use crate::optim::AgentOptimizer;
+
+/// One response to learn from: its prompt and response tokens, the debate turn it was said
+/// at (1-based), and its shaped reward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub turn: u32,
+    pub reward: f32,
+}
+
+/// What one update measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    pub reward_mean: f32,
+    /// Mean over responses of the summed per-token KL to the reference, before the update.
+    pub kl: f32,
+    pub kl_coef: f64,
+    pub policy_loss: f32,
+    pub value_loss: f32,
+    pub approx_kl: f32,
+    pub clip_fraction: f32,
+    /// Mean entropy of the policy over response tokens.
+    pub entropy: f32,
+    /// Global gradient norm before clipping, averaged over minibatches.
+    pub grad_norm: f32,
+    pub tokens: usize,
+    /// Wall time of scoring the batch before the update, without gradients: the policy's
+    /// log-probs and values, and the reference's log-probs. Like the other timings, it is
+    /// not serialized here (these statistics must match between a run and its resume); the
+    /// training metrics line carries the sums over agents.
+    #[serde(skip)]
+    pub score_seconds: f64,
+    /// Wall time of the epochs × minibatches: forward passes with gradients and losses,
+    /// backward passes and AdamW steps.
+    #[serde(skip)]
+    pub optimize_seconds: f64,
+    /// The part of `optimize_seconds` spent in backward passes and AdamW steps.
+    #[serde(skip)]
+    pub backward_seconds: f64,
+}
+
+fn rows(t: &Tensor) -> anyhow::Result<Vec<Vec<f32>>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?)
+}
+
+/// The last `n` columns of the rows `idx` (rows are right-aligned responses).
+fn select(
+    x: &[Vec<f32>],
+    idx: &[usize],
+    n: usize,
+    dev: &candle_core::Device,
+) -> anyhow::Result<Tensor> {
+    let width = x[0].len();
+    let data: Vec<f32> = idx
+        .iter()
+        .flat_map(|&i| x[i][width - n..].iter().copied())
+        .collect();
+    Ok(Tensor::from_vec(data, (idx.len(), n), dev)?)
+}
+
+/// Appends one JSON line describing an update's work to `path`: each sample's prompt and
+/// response lengths, the micro-batches of each optimizer step, and the phases' wall times
+/// (scripts/bench_iteration_torch.py replays the shapes; it scores the whole batch at once).
+fn record_batches(
+    path: &std::ffi::OsStr,
+    samples: &[Sample],
+    optimizer_steps: &[Vec<Vec<usize>>],
+    stats: &StepStats,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let line = serde_json::json!({
+        "prompt_lens": samples.iter().map(|s| s.prompt.len()).collect::<Vec<_>>(),
+        "response_lens": samples.iter().map(|s| s.response.len()).collect::<Vec<_>>(),
+        "optimizer_steps": optimizer_steps,
+        "score_seconds": stats.score_seconds,
+        "optimize_seconds": stats.optimize_seconds,
+        "backward_seconds": stats.backward_seconds,
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(f, "{line}")?;
+    Ok(())
+}
+
+/// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
+pub fn ppo_step(
+    agent: &Agent,
+    reference: &Agent,
+    optimizer: &mut AgentOptimizer,
+    samples: &[Sample],
+    kl_control: &mut KlController,
+    cfg: &PpoConfig,
+    seed: u64,
+) -> anyhow::Result<StepStats> {
+    if samples.is_empty() {
+        bail!("ppo_step: no samples");
+    }
+    if agent.value_head.is_none() {
+        bail!("ppo_step: the agent needs a value head");
+    }
+    let dev = agent.base.device().clone();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = samples
+        .iter()
+        .map(|s| (s.prompt.clone(), s.response.clone()))
+        .collect();
+
+    // The old policy and the reference, without gradients.
+    let scoring = Instant::now();
+    let old = score(agent, &pairs, true, cfg.chunk).context("scoring with the current policy")?;
+    let reference =
+        score(reference, &pairs, true, cfg.chunk).context("scoring with the reference")?;
+    let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
+    let old_values = rows(old.values.as_ref().expect("checked above"))?;
+    let mask = rows(&old.mask)?;
+    let score_seconds = scoring.elapsed().as_secs_f64();
+
+    let kl: Vec<Vec<f32>> = old_lp
+        .iter()
+        .zip(&ref_lp)
+        .zip(&mask)
+        .map(|((lp, rf), m)| {
+            lp.iter()
+                .zip(rf)
+                .zip(m)
+                .map(|((a, b), m)| cfg.kl_estimator.estimate(*a, *b) * m)
+                .collect()
+        })
+        .collect();
+    let kl_per_response: f32 =
+        kl.iter().map(|r| r.iter().sum::<f32>()).sum::<f32>() / samples.len() as f32;
+    let scores: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+    let kl_coef = kl_control.value();
+    let rewards = token_rewards(&kl, &mask, &scores, kl_coef as f32);
+    let (advantages, returns) = gae(&rewards, &old_values, &mask, cfg.gamma, cfg.lambda);
+    let advantages = if cfg.whiten_advantages {
+        whiten(&advantages, &mask)
+    } else {
+        advantages
+    };
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    let minibatches = cfg.minibatches.clamp(1, samples.len());
+    let mut stats = StepStats {
+        reward_mean: scores.iter().sum::<f32>() / scores.len() as f32,
+        kl: kl_per_response,
+        kl_coef,
+        tokens: samples.iter().map(|s| s.response.len()).sum(),
+        score_seconds,
+        ..StepStats::default()
+    };
+    let mut n = 0.0f32;
+    let optimizing = Instant::now();
+    let mut backward = Duration::ZERO;
+    // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
+    let shapes_to = std::env::var_os("MAPORL_BENCH_PPO_BATCHES");
+    let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
+    for epoch in 0..cfg.epochs {
+        order.shuffle(&mut rng);
+        for mb in order.chunks(samples.len().div_ceil(minibatches)) {
+            // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
+            // share of the minibatch's tokens, so the summed gradient is the minibatch's.
+            let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
+            let micro = mb.len().div_ceil(cfg.grad_accum.clamp(1, mb.len()));
+            if shapes_to.is_some() {
+                optimizer_steps.push(mb.chunks(micro).map(<[usize]>::to_vec).collect());
+            }
+            for part in mb.chunks(micro) {
+                let share = part
+                    .iter()
+                    .map(|&i| samples[i].response.len())
+                    .sum::<usize>() as f64
+                    / mb_tokens as f64;
+                let part_pairs: Vec<(Vec<u32>, Vec<u32>)> =
+                    part.iter().map(|&i| pairs[i].clone()).collect();
+                let width = part
+                    .iter()
+                    .map(|&i| samples[i].response.len())
+                    .max()
+                    .unwrap_or(0);
+                let new = score(agent, &part_pairs, false, cfg.chunk)?;
+                let m = select(&mask, part, width, &dev)?;
+                let (pg, loss_stats) = policy_loss(
+                    &new.logprobs,
+                    &select(&old_lp, part, width, &dev)?,
+                    &select(&advantages, part, width, &dev)?,
+                    &m,
+                    cfg.clip,
+                )?;
+                let vf = value_loss(
+                    new.values.as_ref().expect("checked above"),
+                    &select(&old_values, part, width, &dev)?,
+                    &select(&returns, part, width, &dev)?,
+                    &m,
+                    cfg.value_clip,
+                )?;
+                let entropy = ((&new.entropy * &m)?.sum_all()?
+                    / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
+                let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
+                let value = loss.to_scalar::<f32>()?;
+                if !value.is_finite() {
+                    bail!(
+                        "the PPO loss is {value} in epoch {} (policy {}, value {}, entropy {}); \
+                         the rewards' magnitude or the learning rate may be to blame",
+                        epoch + 1,
+                        pg.to_scalar::<f32>()?,
+                        vf.to_scalar::<f32>()?,
+                        entropy.to_scalar::<f32>()?
+                    );
+                }
+                let started = Instant::now();
+                optimizer.accumulate(&(loss * share)?.backward()?)?;
+                backward += started.elapsed();
+                let share = share as f32;
+                stats.policy_loss += share * pg.to_scalar::<f32>()?;
+                stats.value_loss += share * vf.to_scalar::<f32>()?;
+                stats.entropy += share * entropy.to_scalar::<f32>()?;
+                stats.approx_kl += share * loss_stats.approx_kl;
+                stats.clip_fraction += share * loss_stats.clip_fraction;
+            }
+            let started = Instant::now();
+            stats.grad_norm += optimizer.step(cfg.max_grad_norm)? as f32;
+            backward += started.elapsed();
+            n += 1.0;
+        }
+    }
+    stats.optimize_seconds = optimizing.elapsed().as_secs_f64();
+    stats.backward_seconds = backward.as_secs_f64();
+    if let Some(path) = shapes_to {
+        record_batches(&path, samples, &optimizer_steps, &stats)
+            .context("writing MAPORL_BENCH_PPO_BATCHES")?;
+    }
+    for x in [
+        &mut stats.policy_loss,
+        &mut stats.value_loss,
+        &mut stats.approx_kl,
+        &mut stats.clip_fraction,
+        &mut stats.entropy,
+        &mut stats.grad_norm,
+    ] {
+        *x /= n;
+    }
+    kl_control.update(f64::from(kl_per_response), samples.len());
+    Ok(stats)
+}
+
+// ---- Token rewards, advantages, whitening.
+
+/// Token rewards of one batch: `-kl_coef * kl[b][k]` on every real token, plus the shaped
+/// scalar `score[b]` on the response's last real token.
+pub fn token_rewards(
+    kl: &[Vec<f32>],
+    mask: &[Vec<f32>],
+    score: &[f32],
+    kl_coef: f32,
+) -> Vec<Vec<f32>> {
+    kl.iter()
+        .zip(mask)
+        .zip(score)
+        .map(|((kl, mask), &score)| {
+            let mut r: Vec<f32> = kl.iter().zip(mask).map(|(k, m)| -kl_coef * k * m).collect();
+            if let Some(last) = mask.iter().rposition(|&m| m > 0.0) {
+                r[last] += score;
+            }
+            r
+        })
+        .collect()
+}
+
+/// GAE(γ, λ) within each response; returns (advantages, returns = advantages + values).
+/// The value after a response's last token is 0: the response is an episode.
+pub fn gae(
+    rewards: &[Vec<f32>],
+    values: &[Vec<f32>],
+    mask: &[Vec<f32>],
+    gamma: f32,
+    lambda: f32,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let mut advantages = Vec::with_capacity(rewards.len());
+    let mut returns = Vec::with_capacity(rewards.len());
+    for ((r, v), m) in rewards.iter().zip(values).zip(mask) {
+        let n = r.len();
+        let mut adv = vec![0.0f32; n];
+        let (mut next_value, mut next_adv) = (0.0f32, 0.0f32);
+        for k in (0..n).rev() {
+            if m[k] == 0.0 {
+                continue;
+            }
+            let delta = r[k] + gamma * next_value - v[k];
+            next_adv = delta + gamma * lambda * next_adv;
+            adv[k] = next_adv;
+            next_value = v[k];
+        }
+        returns.push(
+            adv.iter()
+                .zip(v)
+                .zip(m)
+                .map(|((a, v), m)| (a + v) * m)
+                .collect(),
+        );
+        advantages.push(adv);
+    }
+    (advantages, returns)
+}
+
+/// Shifts and scales `x` to mean 0 and standard deviation 1 over the masked positions;
+/// masked-out positions stay 0.
+pub fn whiten(x: &[Vec<f32>], mask: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let (mut n, mut sum) = (0.0f64, 0.0f64);
+    for (row, m) in x.iter().zip(mask) {
+        for (v, m) in row.iter().zip(m) {
+            n += f64::from(*m);
+            sum += f64::from(v * m);
+        }
+    }
+    if n == 0.0 {
+        return x.to_vec();
+    }
+    let mean = sum / n;
+    let mut var = 0.0f64;
+    for (row, m) in x.iter().zip(mask) {
+        for (v, m) in row.iter().zip(m) {
+            var += f64::from(*m) * (f64::from(*v) - mean).powi(2);
+        }
+    }
+    // Unbiased variance, as TRL's masked_whiten.
+    let var = if n > 1.0 { var / (n - 1.0) } else { var };
+    let scale = 1.0 / (var.sqrt() + 1e-8);
+    x.iter()
+        .zip(mask)
+        .map(|(row, m)| {
+            row.iter()
+                .zip(m)
+                .map(|(v, m)| ((f64::from(*v) - mean) * scale) as f32 * m)
+                .collect()
+        })
+        .collect()
+}
+
+// ---- The KL penalty: per-token estimators and the coefficient's controller.
+
+impl KlEstimator {
+    pub fn estimate(self, logprob: f32, ref_logprob: f32) -> f32 {
+        let log_ratio = logprob - ref_logprob;
+        match self {
+            KlEstimator::K1 => log_ratio,
+            KlEstimator::K3 => (-log_ratio).exp() - 1.0 + log_ratio,
+        }
+    }
+}
+
+/// The KL coefficient: fixed, or adapted towards a target KL (Ziegler et al. 2019, as TRL's
+/// `AdaptiveKLController`). Its state is part of every checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum KlController {
+    Fixed {
+        value: f64,
+    },
+    Adaptive {
+        value: f64,
+        target: f64,
+        horizon: f64,
+    },
+}
+
+impl KlController {
+    /// The coefficient to use now.
+    pub fn value(&self) -> f64 {
+        match self {
+            KlController::Fixed { value } | KlController::Adaptive { value, .. } => *value,
+        }
+    }
+
+    /// After a step that measured `kl` (mean per-response KL) over `n_steps` samples.
+    pub fn update(&mut self, kl: f64, n_steps: usize) {
+        if let KlController::Adaptive {
+            value,
+            target,
+            horizon,
+        } = self
+        {
+            let error = (kl / *target - 1.0).clamp(-0.2, 0.2);
+            *value *= 1.0 + error * n_steps as f64 / *horizon;
+        }
+    }
+}
+
+// ---- The clipped losses on (batch, R) tensors, averaged over real response tokens.
+
+/// Diagnostics of one minibatch's losses.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossStats {
+    /// Fraction of tokens whose ratio was clipped.
+    pub clip_fraction: f32,
+    /// ½ · mean (log π_new − log π_old)², an estimate of the KL the update moved.
+    pub approx_kl: f32,
+}
+
+fn masked_mean(x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    (x * mask)?.sum_all()? / mask.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64
+}
+
+/// The clipped surrogate objective as a loss: mean over tokens of
+/// max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)), with ρ = exp(log π_new − log π_old).
+pub fn policy_loss(
+    logprobs: &Tensor,
+    old_logprobs: &Tensor,
+    advantages: &Tensor,
+    mask: &Tensor,
+    clip: f64,
+) -> candle_core::Result<(Tensor, LossStats)> {
+    let log_ratio = (logprobs - old_logprobs)?;
+    let ratio = log_ratio.exp()?;
+    let unclipped = (advantages.neg()? * &ratio)?;
+    let clipped = (advantages.neg()? * ratio.clamp(1.0 - clip, 1.0 + clip)?)?;
+    let loss = masked_mean(&unclipped.maximum(&clipped)?, mask)?;
+    let clip_fraction =
+        masked_mean(&clipped.gt(&unclipped)?.to_dtype(mask.dtype())?, mask)?.to_scalar::<f32>()?;
+    let approx_kl = (masked_mean(&log_ratio.sqr()?, mask)?.to_scalar::<f32>()? * 0.5).abs();
+    Ok((
+        loss,
+        LossStats {
+            clip_fraction,
+            approx_kl,
+        },
+    ))
+}
+
+/// The clipped value loss: ½ · mean over tokens of max((V − R)², (V_clipped − R)²), with
+/// V_clipped = V_old + clip(V − V_old, −ε, ε).
+pub fn value_loss(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    mask: &Tensor,
+    clip: f64,
+) -> candle_core::Result<Tensor> {
+    let clipped = (old_values + (values - old_values)?.clamp(-clip, clip)?)?;
+    let a = (values - returns)?.sqr()?;
+    let b = (clipped - returns)?.sqr()?;
+    masked_mean(&a.maximum(&b)?, mask)? * 0.5
+}
+
+#[cfg(test)]
+mod advantage_tests {
+    use super::*;
+
+    #[test]
+    fn the_shaped_reward_lands_on_the_last_real_token() {
+        // Right-aligned rows: the first response has 2 tokens, the second 3.
+        let mask = vec![vec![0.0, 1.0, 1.0], vec![1.0, 1.0, 1.0]];
+        let kl = vec![vec![9.0, 0.5, -0.5], vec![1.0, 0.0, 2.0]];
+        let r = token_rewards(&kl, &mask, &[1.0, -1.0], 0.1);
+        assert_eq!(r[0], vec![0.0, -0.05, 1.05]);
+        assert_eq!(r[1], vec![-0.1, 0.0, -1.2]);
+    }
+
+    #[test]
+    fn gae_matches_a_hand_computation() {
+        let mask = vec![vec![0.0, 1.0, 1.0, 1.0]];
+        let rewards = vec![vec![0.0, 0.0, 0.0, 1.0]];
+        let values = vec![vec![5.0, 0.5, 0.6, 0.7]];
+        let (adv, ret) = gae(&rewards, &values, &mask, 1.0, 0.95);
+        // δ3 = 1 - 0.7 = 0.3; δ2 = 0 + 0.7 - 0.6 = 0.1; δ1 = 0 + 0.6 - 0.5 = 0.1.
+        let a3 = 0.3f32;
+        let a2 = 0.1 + 0.95 * a3;
+        let a1 = 0.1 + 0.95 * a2;
+        let want = [0.0, a1, a2, a3];
+        for (got, want) in adv[0].iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{adv:?}");
+        }
+        assert!((ret[0][1] - (a1 + 0.5)).abs() < 1e-6);
+        assert_eq!(ret[0][0], 0.0, "padding has no return");
+        // With γ = λ = 1 and zero values, every token's advantage is the reward-to-go.
+        let (adv, _) = gae(&rewards, &[vec![0.0; 4]], &mask, 1.0, 1.0);
+        assert_eq!(adv[0], vec![0.0, 1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn whitening_uses_only_real_tokens() {
+        let mask = vec![vec![0.0, 1.0, 1.0], vec![1.0, 1.0, 0.0]];
+        let x = vec![vec![100.0, 1.0, 2.0], vec![3.0, 4.0, -100.0]];
+        let w = whiten(&x, &mask);
+        let real: Vec<f32> = [w[0][1], w[0][2], w[1][0], w[1][1]].to_vec();
+        let mean: f32 = real.iter().sum::<f32>() / 4.0;
+        let var: f32 = real.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 3.0;
+        assert!(mean.abs() < 1e-6 && (var - 1.0).abs() < 1e-5, "{w:?}");
+        assert_eq!((w[0][0], w[1][2]), (0.0, 0.0));
+    }
+}
+
+#[cfg(test)]
+mod kl_tests {
+    use super::*;
+
+    #[test]
+    fn estimators() {
+        assert_eq!(KlEstimator::K1.estimate(-1.0, -1.5), 0.5);
+        assert_eq!(KlEstimator::K3.estimate(-1.0, -1.0), 0.0);
+        // k3 is never negative, and close to k1²/2 for small differences.
+        for d in [-2.0f32, -0.1, 0.1, 2.0] {
+            assert!(KlEstimator::K3.estimate(d, 0.0) >= 0.0);
+        }
+        let k3 = KlEstimator::K3.estimate(0.01, 0.0);
+        assert!((k3 - 0.00005).abs() < 1e-6, "{k3}");
+    }
+
+    #[test]
+    fn the_adaptive_coefficient_moves_towards_the_target() {
+        let mut c = KlController::Adaptive {
+            value: 0.1,
+            target: 6.0,
+            horizon: 10_000.0,
+        };
+        c.update(12.0, 256); // KL too high: the error is clipped to +0.2.
+        assert!((c.value() - 0.1 * (1.0 + 0.2 * 256.0 / 10_000.0)).abs() < 1e-12);
+        let up = c.value();
+        c.update(3.0, 256); // KL too low: the coefficient shrinks.
+        assert!(c.value() < up);
+        let mut f = KlController::Fixed { value: 0.002 };
+        f.update(100.0, 256);
+        assert_eq!(f.value(), 0.002);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(
+            serde_json::from_str::<KlController>(&json).unwrap(),
+            c,
+            "checkpointable"
+        );
+    }
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_slice(v, (1, v.len()), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn policy_loss_clips_and_its_gradient_stops_past_the_clip() {
+        let old = t(&[0.0, 0.0, 0.0]);
+        let adv = t(&[1.0, 1.0, -1.0]);
+        let mask = t(&[1.0, 1.0, 0.0]);
+        // Token 0: ratio e^0.1 (inside the clip); token 1: e^0.5 (clipped at 1.2 for A > 0).
+        let new = Var::from_tensor(&t(&[0.1, 0.5, 3.0])).unwrap();
+        let (loss, stats) = policy_loss(new.as_tensor(), &old, &adv, &mask, 0.2).unwrap();
+        let want = -(0.1f32.exp() + 1.2) / 2.0;
+        assert!((loss.to_scalar::<f32>().unwrap() - want).abs() < 1e-6);
+        assert_eq!(stats.clip_fraction, 0.5);
+        assert!((stats.approx_kl - 0.5 * (0.01 + 0.25) / 2.0).abs() < 1e-6);
+        let grads = loss.backward().unwrap();
+        let g = grads.get(&new).unwrap().to_vec2::<f32>().unwrap()[0].clone();
+        assert!((g[0] - (-0.1f32.exp() / 2.0)).abs() < 1e-6, "{g:?}");
+        assert_eq!(g[1], 0.0, "no gradient through a clipped ratio");
+        assert_eq!(g[2], 0.0, "no gradient from padding");
+    }
+
+    #[test]
+    fn value_loss_takes_the_worse_of_clipped_and_unclipped() {
+        let old = t(&[0.0, 0.0]);
+        let ret = t(&[1.0, 1.0]);
+        let mask = t(&[1.0, 1.0]);
+        let v = t(&[0.5, 2.0]);
+        // Token 0: (0.5-1)² = 0.25 vs clipped (0.2-1)² = 0.64 -> 0.64;
+        // token 1: (2-1)² = 1 vs clipped (0.2-1)² = 0.64 -> 1.
+        let loss = value_loss(&v, &old, &ret, &mask, 0.2)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!((loss - 0.5 * (0.64 + 1.0) / 2.0).abs() < 1e-6, "{loss}");
+    }
+}
