@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 command -v /usr/bin/time >/dev/null || { echo "needs GNU time: apt-get install -y time" >&2; exit 1; }
 
 GGUF="$(bash scripts/fetch-smollm2.sh)"
-cargo build --release -q -p maporl
+cargo build --release -q -p maporl --features test-hooks
 cargo build --release -q --target wasm32-wasip2 --manifest-path plugins/Cargo.toml --target-dir plugins/target
 cp target/release/maporl "$OUT/maporl"  # immune to rebuilds during the run
 if [ "$TORCH" = 1 ] && ! "$VENV/bin/python" -c 'import torch, transformers, gguf, peft' 2>/dev/null; then

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use crate::config::write_atomic;
+use crate::files::write_atomic;
 
 /// The file every complete checkpoint holds; written last into the staging directory.
 pub const STATE_FILE: &str = "state.json";

@@ -9,9 +9,12 @@
 //! | compiled-component cache entries (`.cwasm`) | [`COMPILED_MAX`] = 512 MiB |
 //! | run configs, bundle manifests and signatures, lock and key files | [`TEXT_MAX`] = 4 MiB |
 //! | datasets and verifier data (JSONL, CSV) | [`DATASET_MAX`] = 2 GiB |
+//!
+//! Also the filesystem helpers every module uses: [`write_atomic`] (a file is replaced
+//! whole or not at all) and [`expand_home`] (`~/` in paths from configs).
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
@@ -112,8 +115,46 @@ fn check_size(path: &Path, len: u64, max: u64, what: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// `~/x` -> `$HOME/x`.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), dirs::home_dir()) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => PathBuf::from(path),
+    }
+}
+
+/// Writes `text` to `path` atomically: a temp file in the same directory, then a rename.
+pub fn write_atomic(path: &Path, text: &[u8]) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, text)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn atomic_writes_replace_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/config.toml");
+        write_atomic(&path, b"a = 1\n").unwrap();
+        write_atomic(&path, b"a = 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 2\n");
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1,
+            "no temp files left"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -10,8 +10,9 @@ use anyhow::{bail, Context};
 use candle_core::Device;
 
 use crate::bundle::{LockedPlugin, PluginLock};
-use crate::config::{expand_home, write_atomic, Config};
+use crate::config::{Config, DataSource};
 use crate::debate::{self, Debate, ModelTeam, OnPluginError, Plugins, TeamOptions};
+use crate::files::{expand_home, write_atomic};
 use crate::model::{Lora, SamplingParams};
 use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 use crate::transcript::Task;
@@ -147,11 +148,7 @@ impl Session {
 
     /// What a plugin failure does to the run (`debate.on_plugin_error`).
     pub fn on_error(&self) -> OnPluginError {
-        if self.config.debate.on_plugin_error == "drop-task" {
-            OnPluginError::DropTask
-        } else {
-            OnPluginError::Stop
-        }
+        self.config.debate.on_plugin_error
     }
 }
 
@@ -220,15 +217,15 @@ pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>,
 pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
     let d = &config.data;
     let path = expand_home(&d.path);
-    let all = match d.source.as_str() {
-        "arithmetic" => crate::data::arithmetic(
+    let all = match d.source {
+        DataSource::Arithmetic => crate::data::arithmetic(
             d.offset + d.count.max(1),
             d.difficulty,
             d.seed.unwrap_or(config.seed),
         ),
-        "gsm8k" => crate::data::gsm8k(&path)?,
-        "anli" => crate::data::anli(&path)?,
-        "jsonl" => {
+        DataSource::Gsm8k => crate::data::gsm8k(&path)?,
+        DataSource::Anli => crate::data::anli(&path)?,
+        DataSource::Jsonl => {
             let fields = d
                 .fields
                 .as_ref()
@@ -240,7 +237,6 @@ pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
             };
             crate::data::jsonl(&path, kind, fields)?
         }
-        other => bail!("unknown data.source {other:?}"),
     };
     let take = if d.count == 0 { usize::MAX } else { d.count };
     let tasks: Vec<Task> = all.into_iter().skip(d.offset).take(take).collect();

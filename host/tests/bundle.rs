@@ -306,11 +306,9 @@ fn round_trip_pack_sign_verify_install_list_resolve_remove() {
         err.contains("has no component `anli`") && err.contains("gsm8k (verifier)"),
         "{err}"
     );
-    // A malformed reference is a config error naming the key.
-    let err = format!(
-        "{:#}",
-        Config::parse("[plugins.protocol]\npath = \"arith/debate@banana\"\n", &[]).unwrap_err()
-    );
+    // A malformed reference is an error naming the key, before anything is resolved.
+    let bad = Config::parse("[plugins.protocol]\npath = \"arith/debate@banana\"\n", &[]).unwrap();
+    let err = format!("{:#}", bundle::resolve_plugins(&bad).unwrap_err());
     assert!(
         err.contains("plugins.protocol.path") && err.contains("banana"),
         "{err}"

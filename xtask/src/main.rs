@@ -57,6 +57,8 @@ fn main() {
             // Host unit tests and end-to-end tests, in release (candle is slow in debug).
             run(cargo()
                 .args(["test", "--release", "--workspace"])
+                // The stall-a-checkpoint hook the kill -9 test needs.
+                .args(["--features", "maporl/test-hooks"])
                 .args(rest));
         }
         "lint" => {
@@ -73,6 +75,8 @@ fn main() {
                 "--release",
                 "--workspace",
                 "--all-targets",
+                "--features",
+                "maporl/test-hooks",
                 "--",
                 "-D",
                 "warnings",

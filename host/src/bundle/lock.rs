@@ -117,7 +117,7 @@ impl PluginLock {
 
     /// Writes `RUN_DIR/plugins.lock` atomically.
     pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
-        crate::config::write_atomic(&run_dir.join(LOCK_FILE), self.to_toml().as_bytes())
+        crate::files::write_atomic(&run_dir.join(LOCK_FILE), self.to_toml().as_bytes())
     }
 
     /// Reads `RUN_DIR/plugins.lock`; `None` when there is none.

@@ -12,6 +12,8 @@ use crate::plugin::{self, Runtime, World, WIT_PACKAGE};
 
 /// The manifest's file name inside a bundle directory.
 pub const MANIFEST: &str = "bundle.toml";
+/// The signature's file name inside a bundle directory.
+pub const SIGNATURE: &str = "bundle.toml.sig";
 
 /// A bundle manifest, as `bundle.toml` holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -317,8 +319,8 @@ pub fn pack(runtime: &Runtime, dir: &Path, new: &NewBundle) -> anyhow::Result<Ma
     manifest
         .check(true)
         .with_context(|| format!("in {}", path.display()))?;
-    crate::config::write_atomic(&path, manifest.to_toml().as_bytes())?;
-    let sig = dir.join(super::sign::SIGNATURE);
+    crate::files::write_atomic(&path, manifest.to_toml().as_bytes())?;
+    let sig = dir.join(SIGNATURE);
     if sig.exists() {
         std::fs::remove_file(&sig).with_context(|| format!("removing {}", sig.display()))?;
     }

@@ -24,15 +24,14 @@ use std::path::PathBuf;
 pub use lock::{check_lock, LockedCheckpoint, LockedPlugin, PluginLock, LOCK_FILE};
 pub use manifest::{
     check_name, pack, parse_wit, sha256_hex, BundleInfo, ComponentEntry, Manifest, NewBundle,
-    MANIFEST,
+    MANIFEST, SIGNATURE,
 };
 pub use reference::{
     config_policy, config_store, resolve_plugin, resolve_plugins, Reference, ResolvedBundle,
     ResolvedPlugin,
 };
 pub use sign::{
-    key_id, keygen, read_public_key, read_signing_key, sign, SignatureFile, TrustedKey,
-    TrustedKeys, SIGNATURE,
+    key_id, keygen, read_public_key, read_signing_key, sign, SignatureFile, TrustedKey, TrustedKeys,
 };
 pub use store::{
     by_precedence, is_bundle_dir, signer_of, split_name_version, Installed, Store, UNSIGNED,

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use super::manifest::SIGNATURE;
 use super::manifest::{check_file_name, sha256_hex, Manifest, MANIFEST};
-use super::sign::SIGNATURE;
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
@@ -260,40 +260,20 @@ fn registry_key(key: &str) -> String {
     }
 }
 
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
 fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(BASE64[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// Standard base64, padded or not (Docker's config files have both), around whitespace.
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let text = text.trim().trim_end_matches('=');
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut n, mut bits) = (0u32, 0);
-    for c in text.bytes() {
-        let v = BASE64.iter().position(|b| *b == c)? as u32;
-        n = n << 6 | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((n >> bits) as u8);
-        }
-    }
-    Some(out)
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use base64::Engine as _;
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    LENIENT.decode(text.trim()).ok()
 }
 
 /// A `WWW-Authenticate` challenge: its scheme (lower-case) and its parameters.
@@ -1088,6 +1068,11 @@ mod tests {
         assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
         assert_eq!(base64_decode("dXNlcjpwYXNz").unwrap(), b"user:pass");
         assert!(base64_decode("not base64!").is_none());
+        assert_eq!(
+            base64_decode(" dXNlcjpwYQ \n").unwrap(),
+            b"user:pa",
+            "unpadded"
+        );
         let (scheme, params) = parse_challenge(
             r#"Bearer realm="https://ghcr.io/token",service="ghcr.io",scope="repository:o/x:pull,push""#,
         );

@@ -8,7 +8,8 @@ use anyhow::{bail, Context};
 use super::manifest::check_name;
 use super::store::Store;
 use super::verify::{check_hash, check_signature, check_wit, Trust, TrustPolicy};
-use crate::config::{expand_home, Config, PluginConfig};
+use crate::config::{Config, PluginConfig};
+use crate::files::expand_home;
 use crate::plugin::World;
 
 /// `bundle/component@version-req` (the requirement defaults to any version).
@@ -202,9 +203,19 @@ pub fn resolve_plugin(
     })
 }
 
-/// Resolves the three plugins of a config: protocol, verifier, shaper.
+/// Resolves the three plugins of a config: protocol, verifier, shaper. A malformed
+/// `bundle/component@req` reference is an error naming its key, before any is resolved.
 pub fn resolve_plugins(config: &Config) -> anyhow::Result<[ResolvedPlugin; 3]> {
     let p = &config.plugins;
+    for (role, plugin) in [
+        ("protocol", &p.protocol),
+        ("verifier", &p.verifier),
+        ("shaper", &p.shaper),
+    ] {
+        if let Some(Err(e)) = Reference::parse(&plugin.path) {
+            return Err(e.context(format!("plugins.{role}.path")));
+        }
+    }
     Ok([
         resolve_plugin(config, &p.protocol, World::Protocol)?,
         resolve_plugin(config, &p.verifier, World::Verifier)?,

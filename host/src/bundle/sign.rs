@@ -9,9 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::manifest::sha256_hex;
 
-/// The signature's file name inside a bundle directory.
-pub const SIGNATURE: &str = "bundle.toml.sig";
-
 /// `bundle.toml.sig`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -291,7 +288,7 @@ impl TrustedKeys {
             "# Public keys whose signed bundles maporl installs and runs.\n{}",
             toml::to_string_pretty(&keys)?
         );
-        crate::config::write_atomic(path, text.as_bytes())?;
+        crate::files::write_atomic(path, text.as_bytes())?;
         Ok(true)
     }
 }

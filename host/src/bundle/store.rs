@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
+use super::manifest::SIGNATURE;
 use super::manifest::{check_name, Manifest, MANIFEST};
-use super::sign::SIGNATURE;
 use super::verify::Verified;
 
 /// An installed bundle.
@@ -94,7 +94,7 @@ impl Store {
         }
         let dest = self.install_files(bundle, force)?;
         if bound.as_deref() != Some(signer.as_str()) {
-            crate::config::write_atomic(
+            crate::files::write_atomic(
                 &self.root.join(&m.bundle.name).join(SIGNER_FILE),
                 format!("{signer}\n").as_bytes(),
             )?;

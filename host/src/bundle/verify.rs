@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
+use super::manifest::SIGNATURE;
 use super::manifest::{sha256_hex, Manifest};
-use super::sign::{key_id, SignatureFile, TrustedKeys, SIGNATURE};
+use super::sign::{key_id, SignatureFile, TrustedKeys};
 use crate::plugin::{Inspection, Runtime, World};
 
 /// Which bundles may be used: those signed by a key in `trusted_keys`, and unsigned or

@@ -423,7 +423,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             }
             let sig = bundle::sign(&signing, &bytes);
             let path = dir.join(SIGNATURE);
-            maporl::config::write_atomic(&path, sig.to_toml().as_bytes())?;
+            maporl::files::write_atomic(&path, sig.to_toml().as_bytes())?;
             println!(
                 "signed {} with key {}: {}",
                 manifest.id(),

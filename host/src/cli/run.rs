@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use maporl::config::Config;
+use maporl::config::{Config, DataSource};
 use maporl::debate::{self, OnPluginError};
 use maporl::session::{Progress, Session};
 use maporl::train::Evaluation;
@@ -75,9 +75,9 @@ pub fn debate(args: DebateArgs) -> anyhow::Result<()> {
     let kind = args
         .kind
         .clone()
-        .unwrap_or_else(|| match config.data.source.as_str() {
-            "jsonl" if !config.data.kind.is_empty() => config.data.kind.clone(),
-            "jsonl" | "arithmetic" => "arith".into(),
+        .unwrap_or_else(|| match config.data.source {
+            DataSource::Jsonl if !config.data.kind.is_empty() => config.data.kind.clone(),
+            DataSource::Jsonl | DataSource::Arithmetic => "arith".into(),
             other => other.to_string(),
         });
     let task = Task {

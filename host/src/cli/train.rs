@@ -24,7 +24,7 @@ pub struct TrainArgs {
 
 pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config, &args.config.overrides)?;
-    let sft = config.train.mode == "sft";
+    let sft = config.train.mode == maporl::config::TrainMode::Sft;
     let opts = Options {
         resume: args.resume,
         stop_after: args.stop_after,

@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::run::{progress_bar, ConfigArgs};
-use maporl::config::{expand_home, Config};
+use maporl::config::Config;
+use maporl::files::expand_home;
 use maporl::session::{held_out, tasks, Session};
 use maporl::verifier::data::{balance, sample_answers, write_jsonl};
 use maporl::verifier::train::{train, TrainOptions};
@@ -156,7 +157,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         fresh = !run_dir.exists();
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating run dir {}", run_dir.display()))?;
-        maporl::config::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+        maporl::files::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     }
     let stop = super::interrupt::interrupt_flag();
     let trained = train(&opts, &stop);

@@ -4,7 +4,8 @@
 use clap::Args;
 
 use super::run::ConfigArgs;
-use maporl::config::{expand_home, Config};
+use maporl::config::Config;
+use maporl::files::expand_home;
 use maporl::session::{load_plugins, tasks};
 use maporl::warm_start::{warm_start, Summary};
 

@@ -7,6 +7,8 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::data::FieldMap;
+pub use crate::debate::OnPluginError;
+use crate::files::expand_home;
 use crate::plugin::Limits;
 
 mod ppo;
@@ -97,7 +99,7 @@ pub struct TrainConfig {
     /// frozen (the paper's single-agent baseline); "off-the-shelf": no training, the debates
     /// are only evaluated; "sft": fine-tune every agent on the best off-the-shelf debates
     /// (the paper's SFT baseline, see `train.sft`).
-    pub mode: String,
+    pub mode: TrainMode,
     /// PPO iterations (rollout + update).
     pub steps: usize,
     /// LoRA rank, alpha, and the PEFT module names it adapts.
@@ -119,14 +121,14 @@ pub struct TrainConfig {
     /// then holds its own copy of its base; the shared original stays the KL reference.
     pub full_finetune: bool,
     /// "shared": one value head per agent; "per-turn": one per debate turn (paper's code).
-    pub value_heads: String,
+    pub value_heads: ValueHeads,
     /// The first turn at which the trained adapter speaks. 1: every turn. 2: the paper's
     /// code: turn 1 is answered by the frozen base and one "collaboration" adapter is
     /// trained for turns >= 2 (turn-1 utterances are then not trained on).
     pub adapter_from_turn: u32,
     /// "joint": every step trains on all turns' utterances. "turn-based" (paper's code):
     /// only turn 2 for `turn2_steps` steps, then one turn per step: T, T-1, ..., 2, T, ...
-    pub schedule: String,
+    pub schedule: Schedule,
     pub turn2_steps: usize,
     /// The SFT baseline (mode "sft").
     pub sft: SftConfig,
@@ -178,7 +180,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         // PAPER.md §5: LoRA r8 alpha16 on q,k,v,o,gate,up,down; lambda_KL 0.002.
         TrainConfig {
-            mode: "maporl".into(),
+            mode: TrainMode::Maporl,
             steps: 10,
             lora_r: 8,
             lora_alpha: 16.0,
@@ -191,9 +193,9 @@ impl Default for TrainConfig {
             checkpoint_every: 10,
             keep_checkpoints: 3,
             full_finetune: false,
-            value_heads: "shared".into(),
+            value_heads: ValueHeads::Shared,
             adapter_from_turn: 1,
-            schedule: "joint".into(),
+            schedule: Schedule::Joint,
             turn2_steps: 0,
             sft: SftConfig::default(),
             ppo: PpoConfig::default(),
@@ -205,7 +207,7 @@ impl Default for TrainConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// "arithmetic" (generated, the embedded default), "gsm8k", "anli" or "jsonl".
-    pub source: String,
+    pub source: DataSource,
     /// The JSONL file (gsm8k, anli, jsonl).
     pub path: String,
     /// Arithmetic difficulty, 1-3.
@@ -233,18 +235,84 @@ pub struct ModelConfig {
     /// GGUF file; a leading `~/` is the home directory.
     pub path: String,
     /// "f32", "bf16" or "f16".
-    pub dtype: String,
+    pub dtype: Precision,
 }
 
 impl ModelConfig {
-    /// The candle dtype `dtype` names (f32 for anything `validate` would have refused).
+    /// The candle dtype of `dtype`.
     pub fn candle_dtype(&self) -> candle_core::DType {
-        match self.dtype.as_str() {
-            "bf16" => candle_core::DType::BF16,
-            "f16" => candle_core::DType::F16,
-            _ => candle_core::DType::F32,
+        match self.dtype {
+            Precision::F32 => candle_core::DType::F32,
+            Precision::Bf16 => candle_core::DType::BF16,
+            Precision::F16 => candle_core::DType::F16,
         }
     }
+}
+
+/// Who learns in a training run (`train.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainMode {
+    /// Every agent learns, jointly.
+    Maporl,
+    /// Only agent 0 learns; the others stay frozen (the paper's single-agent baseline).
+    Single,
+    /// No training: the debates are only evaluated.
+    OffTheShelf,
+    /// Every agent is fine-tuned on the best off-the-shelf debates (`train.sft`).
+    Sft,
+}
+
+/// The value heads of a learning agent (`train.value_heads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ValueHeads {
+    /// One per agent.
+    Shared,
+    /// One per debate turn (the paper's code).
+    PerTurn,
+}
+
+/// Which turns a training step learns from (`train.schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    /// Every turn, every step.
+    Joint,
+    /// Turn 2 for `turn2_steps` steps, then one turn per step: T, T-1, ..., 2, T, ...
+    TurnBased,
+}
+
+/// Where the tasks come from (`data.source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    /// Generated arithmetic questions (the embedded default).
+    Arithmetic,
+    Gsm8k,
+    Anli,
+    /// Any JSONL file, with `data.fields` naming its fields.
+    Jsonl,
+}
+
+impl std::fmt::Display for DataSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataSource::Arithmetic => "arithmetic",
+            DataSource::Gsm8k => "gsm8k",
+            DataSource::Anli => "anli",
+            DataSource::Jsonl => "jsonl",
+        })
+    }
+}
+
+/// The floating-point type of the models' weights and activations (`model.dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Bf16,
+    F16,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -265,7 +333,7 @@ pub struct DebateConfig {
     /// Tasks debated together (generation batches across them).
     pub batch_size: usize,
     /// What a plugin failure on one task does: "stop" the run, or "drop-task" and go on.
-    pub on_plugin_error: String,
+    pub on_plugin_error: OnPluginError,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -335,7 +403,7 @@ impl PluginConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
-            source: "arithmetic".into(),
+            source: DataSource::Arithmetic,
             path: String::new(),
             difficulty: 1,
             seed: None,
@@ -352,7 +420,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             path: "~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
-            dtype: "f32".into(),
+            dtype: Precision::F32,
         }
     }
 }
@@ -363,7 +431,7 @@ impl Default for DebateConfig {
             agents: 2,
             turns: 3,
             batch_size: 8,
-            on_plugin_error: "stop".into(),
+            on_plugin_error: OnPluginError::Stop,
         }
     }
 }
@@ -433,16 +501,6 @@ impl Config {
                 slot.path.clone_from(&default.path);
             }
         }
-        // A `bundle/component@req` reference with a bad name or requirement.
-        for (role, p) in [
-            ("protocol", &config.plugins.protocol),
-            ("verifier", &config.plugins.verifier),
-            ("shaper", &config.plugins.shaper),
-        ] {
-            if let Some(Err(e)) = crate::bundle::Reference::parse(&p.path) {
-                return Err(e.context(format!("plugins.{role}.path")));
-            }
-        }
         config.validate()?;
         Ok(config)
     }
@@ -457,21 +515,13 @@ impl Config {
                 .check()
                 .map_err(|e| anyhow::anyhow!("plugins.{slot}.{e}"))?;
         }
-        let known = ["arithmetic", "gsm8k", "anli", "jsonl"];
-        if !known.contains(&self.data.source.as_str()) {
+        if self.data.source != DataSource::Arithmetic && self.data.path.is_empty() {
             bail!(
-                "data.source = {:?}: expected one of {}",
-                self.data.source,
-                known.join(", ")
-            );
-        }
-        if self.data.source != "arithmetic" && self.data.path.is_empty() {
-            bail!(
-                "data.path is required for data.source = {:?}",
+                "data.path is required for data.source = \"{}\"",
                 self.data.source
             );
         }
-        if self.data.source == "jsonl" && self.data.fields.is_none() {
+        if self.data.source == DataSource::Jsonl && self.data.fields.is_none() {
             bail!("data.fields (question, reference, ...) is required for data.source = \"jsonl\"");
         }
         if self.debate.agents == 0 || self.debate.turns == 0 {
@@ -487,18 +537,6 @@ impl Config {
         if self.debate.batch_size == 0 {
             bail!("debate.batch_size must be at least 1");
         }
-        if !["stop", "drop-task"].contains(&self.debate.on_plugin_error.as_str()) {
-            bail!(
-                "debate.on_plugin_error = {:?}: expected \"stop\" or \"drop-task\"",
-                self.debate.on_plugin_error
-            );
-        }
-        if !["f32", "bf16", "f16"].contains(&self.model.dtype.as_str()) {
-            bail!(
-                "model.dtype = {:?}: expected f32, bf16 or f16",
-                self.model.dtype
-            );
-        }
         let g = &self.generation;
         if g.temperature < 0.0 || !(0.0..=1.0).contains(&g.top_p) || g.top_p == 0.0 {
             bail!("generation: temperature must be >= 0 and top_p in (0, 1]");
@@ -507,19 +545,6 @@ impl Config {
             bail!("generation.max_new_tokens must be at least 1");
         }
         let t = &self.train;
-        for (key, value, allowed) in [
-            (
-                "train.mode",
-                &t.mode,
-                &["maporl", "single", "off-the-shelf", "sft"][..],
-            ),
-            ("train.value_heads", &t.value_heads, &["shared", "per-turn"]),
-            ("train.schedule", &t.schedule, &["joint", "turn-based"]),
-        ] {
-            if !allowed.contains(&value.as_str()) {
-                bail!("{key} = {value:?}: expected one of {}", allowed.join(", "));
-            }
-        }
         if t.adapter_from_turn == 0 || t.adapter_from_turn > self.debate.turns {
             bail!(
                 "train.adapter_from_turn = {}: expected a turn from 1 to debate.turns = {}",
@@ -533,10 +558,10 @@ impl Config {
                  cannot be combined with train.full_finetune"
             );
         }
-        if t.schedule == "turn-based" && self.debate.turns < 2 {
+        if t.schedule == Schedule::TurnBased && self.debate.turns < 2 {
             bail!("train.schedule = \"turn-based\" needs debate.turns >= 2");
         }
-        if t.schedule == "turn-based" && t.adapter_from_turn > 2 {
+        if t.schedule == Schedule::TurnBased && t.adapter_from_turn > 2 {
             bail!(
                 "train.schedule = \"turn-based\" trains turn 2 first, but \
                  train.adapter_from_turn = {} leaves turn 2 to the base model",
@@ -555,10 +580,10 @@ impl Config {
         self.verifier.validate()?;
         if let Some(w) = &self.warm_start {
             w.validate()?;
-            if self.data.source != "arithmetic" {
+            if self.data.source != DataSource::Arithmetic {
                 bail!(
                     "warm_start: its scripted teachers answer arithmetic questions only, and \
-                     data.source = {:?}",
+                     data.source = \"{}\"",
                     self.data.source
                 );
             }
@@ -593,7 +618,7 @@ impl Config {
     /// `final_only.wasm`, ...; see [`crate::plugin::builtin`]). A reference plugin's README
     /// name also finds its file in a directory (`final-only.wasm` -> `final_only.wasm`).
     /// (A `bundle/component@req` reference is resolved by
-    /// [`crate::bundle::resolve_plugin`] instead.)
+    /// `bundle::resolve_plugin` instead.)
     pub fn plugin_path(&self, plugin: &PluginConfig) -> PathBuf {
         use crate::plugin::builtin;
         if plugin.path.starts_with(builtin::PREFIX) {
@@ -671,14 +696,6 @@ pub fn plugins_dir_override() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// `~/x` -> `$HOME/x`.
-pub fn expand_home(path: &str) -> PathBuf {
-    match (path.strip_prefix("~/"), dirs::home_dir()) {
-        (Some(rest), Some(home)) => home.join(rest),
-        _ => PathBuf::from(path),
-    }
-}
-
 /// Sets `a.b.c = value` in `table`; the value is read as TOML, or else taken as a string.
 fn apply_override(table: &mut toml::Table, assignment: &str) -> anyhow::Result<()> {
     let (key, raw) = assignment
@@ -707,22 +724,6 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> anyhow::Result<(
         })?;
     }
     here.insert(last.to_string(), value);
-    Ok(())
-}
-
-/// Writes `text` to `path` atomically: a temp file in the same directory, then a rename.
-pub fn write_atomic(path: &Path, text: &[u8]) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
-    std::io::Write::write_all(&mut tmp, text)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
 }
 
@@ -822,13 +823,37 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
+        // A closed set is an enum: a value outside it is refused at its line, with the
+        // values it could have been; through --set, naming the override.
         let err = Config::parse("[data]\nsource = \"mnist\"\n", &[])
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("data.source") && err.contains("mnist"),
+            err.contains("line 2")
+                && err.contains("source = \"mnist\"")
+                && err.contains("`arithmetic`, `gsm8k`, `anli`, `jsonl`"),
             "{err}"
         );
+        for (set, expected) in [
+            (
+                "train.mode=ppo",
+                "`maporl`, `single`, `off-the-shelf`, `sft`",
+            ),
+            ("train.value_heads=one", "`shared` or `per-turn`"),
+            ("train.schedule=random", "`joint` or `turn-based`"),
+            ("model.dtype=f64", "`f32`, `bf16`, `f16`"),
+        ] {
+            let err = Config::parse("", &[set.to_string()])
+                .unwrap_err()
+                .to_string();
+            let key = set.split('=').next().unwrap();
+            assert!(
+                err.contains(&format!("--set {set}"))
+                    && err.contains(expected)
+                    && err.contains(&format!("in `{key}`")),
+                "{err}"
+            );
+        }
         let err = Config::parse("[data]\nsource = \"gsm8k\"\n", &[])
             .unwrap_err()
             .to_string();
@@ -903,19 +928,5 @@ mod tests {
             }
         }
         assert!(n >= 3, "configs/ holds the shipped experiments");
-    }
-
-    #[test]
-    fn atomic_writes_replace_whole_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/config.toml");
-        write_atomic(&path, b"a = 1\n").unwrap();
-        write_atomic(&path, b"a = 2\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 2\n");
-        assert_eq!(
-            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
-            1,
-            "no temp files left"
-        );
     }
 }

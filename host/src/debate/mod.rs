@@ -75,8 +75,9 @@ impl Plugins {
     }
 }
 
-/// What a plugin failure on one task does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a plugin failure on one task does to the run (`debate.on_plugin_error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum OnPluginError {
     /// Stop the run with the error.
     Stop,

@@ -48,5 +48,5 @@ pub fn write_transcripts(
         serde_json::to_writer(&mut text, &Record { debate, plugins })?;
         text.push(b'\n');
     }
-    crate::config::write_atomic(path, &text)
+    crate::files::write_atomic(path, &text)
 }

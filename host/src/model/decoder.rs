@@ -8,7 +8,6 @@
 
 use super::config::{Act, Arch, Config, RopeScaling};
 use super::fused;
-use super::lora::Lora;
 use anyhow::{anyhow, Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
@@ -127,7 +126,7 @@ impl Lin {
         x: &Tensor,
         layer: usize,
         t: Target,
-        lora: Option<&Lora>,
+        lora: Option<&dyn Adapter>,
         train: bool,
     ) -> Result<Tensor> {
         // Off the training path an adapter's vars upstream would make the input track a
@@ -135,11 +134,17 @@ impl Lin {
         // the adapter.
         let base_in = if train { x.clone() } else { x.detach() };
         let y = super::frozen::linear(&self.inner, &base_in)?;
-        match lora.and_then(|l| l.module(layer, t)) {
-            Some(m) => Ok((y + m.delta(x)?)?),
+        match lora.map(|a| a.delta(layer, t, x)).transpose()?.flatten() {
+            Some(delta) => Ok((y + delta)?),
             None => Ok(y),
         }
     }
+}
+
+/// What adapts the base's linear layers (a LoRA adapter): the term added to the output of
+/// linear `target` of layer `layer` for its input `x`, or `None` where it adapts nothing.
+pub trait Adapter {
+    fn delta(&self, layer: usize, target: Target, x: &Tensor) -> Result<Option<Tensor>>;
 }
 
 #[derive(Debug, Clone)]
@@ -454,7 +459,7 @@ impl Base {
         ids: &Tensor,
         pads: &[usize],
         cache: Option<&mut KvCache>,
-        lora: Option<&Lora>,
+        lora: Option<&dyn Adapter>,
         fused: bool,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
@@ -575,7 +580,7 @@ impl Base {
         mask: Option<&Tensor>,
         cos: &Tensor,
         sin: &Tensor,
-        lora: Option<&Lora>,
+        lora: Option<&dyn Adapter>,
         fused: bool,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -650,7 +655,7 @@ impl Base {
         x: &Tensor,
         li: usize,
         layer: &Layer,
-        lora: Option<&Lora>,
+        lora: Option<&dyn Adapter>,
         train: bool,
     ) -> Result<Tensor> {
         let (g, u) = match &layer.gate_up {

@@ -1,8 +1,8 @@
 //! Seeded sampling, batched generation with a KV cache, and log-probs / values on response
 //! positions.
 
+use super::agent::Agent;
 use super::decoder::KvCache;
-use super::lora::Agent;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor, D};
 use rand::{Rng, SeedableRng};

@@ -5,6 +5,7 @@
 //!
 //! Device-generic: every entry point takes the `Device` (CPU, or CUDA with the `cuda` feature).
 
+mod agent;
 mod chat;
 mod config;
 mod decoder;
@@ -16,6 +17,7 @@ mod lora;
 mod memory;
 mod rows;
 
+pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, KvCache, Target};
@@ -27,5 +29,5 @@ pub use generate::{
     generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
 };
 pub use load::{load, Loaded};
-pub use lora::{Agent, Lora, LoraConfig, ValueHead};
+pub use lora::{Lora, LoraConfig, ValueHead};
 pub use memory::{keep_freed_memory, resident_mib, Resident};

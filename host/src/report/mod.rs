@@ -20,6 +20,6 @@ use std::path::{Path, PathBuf};
 pub fn write(run_dir: &Path, out: &Path) -> anyhow::Result<PathBuf> {
     let run = load::run(run_dir)?;
     let html = page::render(&run)?;
-    crate::config::write_atomic(out, html.as_bytes())?;
+    crate::files::write_atomic(out, html.as_bytes())?;
     Ok(out.to_path_buf())
 }

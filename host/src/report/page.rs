@@ -12,29 +12,13 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::load::{Run, EVAL, METRICS, TRANSCRIPTS};
-use super::plot::{bar_chart, line_chart, num, Chart, Series};
+use super::plot::{bar_chart, escape, line_chart, num, Chart, Series};
 use crate::debate::Debate;
 use crate::eval::Report;
 use crate::transcript::{ChatMessage, Reward};
 
 const SCRIPT: &str = include_str!("report.js");
 const STYLE: &str = include_str!("report.css");
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// JSON that is safe inside `<script type="application/json">`: `<`, `>` and `&` become
 /// `\u` escapes (still the same JSON), so no `</script>` or `<!--` can occur in it.
@@ -48,31 +32,13 @@ pub fn json_for_script<T: Serialize>(value: &T) -> anyhow::Result<String> {
         .replace('\u{2029}', "\\u2029"))
 }
 
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 /// The page's Content-Security-Policy: nothing from the network, inline styles, and only
 /// the page's own script (by its hash). It holds no `"`, so it goes into the attribute as is.
 fn csp() -> String {
-    let hash = base64(&Sha256::digest(SCRIPT.as_bytes()));
+    let hash = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(Sha256::digest(SCRIPT.as_bytes()))
+    };
     format!(
         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{hash}'"
     )
@@ -692,21 +658,6 @@ fn files(s: &mut String, run: &Run) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_rfc_examples() {
-        for (plain, coded) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64(plain.as_bytes()), coded);
-        }
-    }
 
     #[test]
     fn script_data_cannot_close_its_element() {

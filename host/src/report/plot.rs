@@ -9,8 +9,6 @@
 
 use std::fmt::Write as _;
 
-use super::page::escape;
-
 const WIDTH: f64 = 590.0;
 const HEIGHT: f64 = 280.0;
 const LEFT: f64 = 64.0;
@@ -333,6 +331,22 @@ pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>)]
     legend(&mut s, &names);
     s.push_str("</svg>\n");
     s
+}
+
+/// Escapes text for HTML element content and quoted attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config::{write_atomic, Config};
+use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
 use crate::eval::Report;
+use crate::files::write_atomic;
 use crate::session::{held_out as split, tasks, Progress, Session};
 use crate::transcript::Task;
 

@@ -23,7 +23,7 @@ use candle_core::DType;
 use serde::Serialize;
 
 use crate::checkpoint::{replace_dir, Checkpoints};
-use crate::config::Config;
+use crate::config::{Config, Schedule, TrainMode, ValueHeads};
 use crate::debate::{self, Debate, PluginHashes};
 use crate::eval::Report;
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
@@ -73,8 +73,8 @@ pub fn run(
     progress: &mut dyn Progress,
     stop: &AtomicBool,
 ) -> anyhow::Result<Outcome> {
-    match config.train.mode.as_str() {
-        "off-the-shelf" => {
+    match config.train.mode {
+        TrainMode::OffTheShelf => {
             if opts.resume {
                 bail!(
                     "train.mode = \"off-the-shelf\" trains nothing, so there is nothing to resume"
@@ -82,13 +82,15 @@ pub fn run(
             }
             evaluate(config, progress).map(Outcome::Evaluated)
         }
-        "sft" => {
+        TrainMode::Sft => {
             if opts.resume {
                 bail!("train.mode = \"sft\" does not resume; run it again from the start");
             }
             sft::run(config, progress)
         }
-        _ => Trainer::open(config, opts, progress)?.run(progress, stop, opts.stop_after),
+        TrainMode::Maporl | TrainMode::Single => {
+            Trainer::open(config, opts, progress)?.run(progress, stop, opts.stop_after)
+        }
     }
 }
 
@@ -200,8 +202,8 @@ impl Trainer {
         }
         let cfg = session.config.clone();
         let plugin_hashes = PluginHashes::of(&session.plugins);
-        let learner_ids: Vec<u32> = match cfg.train.mode.as_str() {
-            "single" => vec![0],
+        let learner_ids: Vec<u32> = match cfg.train.mode {
+            TrainMode::Single => vec![0],
             _ => (0..cfg.debate.agents).collect(),
         };
         let mut learners = Vec::new();
@@ -319,7 +321,7 @@ impl Trainer {
     fn trained_turns(&self, step: usize) -> Vec<u32> {
         let t = &self.cfg.train;
         let last = self.cfg.debate.turns;
-        if t.schedule == "turn-based" {
+        if t.schedule == Schedule::TurnBased {
             if step < t.turn2_steps {
                 return vec![2];
             }
@@ -621,7 +623,7 @@ fn new_learner(
         None => head(k),
     };
     let mut turn_heads = Vec::new();
-    if t.value_heads == "per-turn" {
+    if t.value_heads == ValueHeads::PerTurn {
         for turn in 1..=cfg.debate.turns {
             turn_heads.push(load_head(
                 format!("value_head.turn-{turn}.safetensors"),

@@ -82,6 +82,16 @@ fn select(
     Ok(Tensor::from_vec(data, (idx.len(), n), dev)?)
 }
 
+/// Where scripts/bench-iteration.sh wants each update's shapes (`MAPORL_BENCH_PPO_BATCHES`,
+/// read only in a build with the `test-hooks` feature).
+fn bench_batches_path() -> Option<std::ffi::OsString> {
+    if cfg!(feature = "test-hooks") {
+        std::env::var_os("MAPORL_BENCH_PPO_BATCHES")
+    } else {
+        None
+    }
+}
+
 /// Appends one JSON line describing an update's work to `path`: each sample's prompt and
 /// response lengths, the micro-batches of each optimizer step, and the phases' wall times
 /// (scripts/bench_iteration_torch.py replays the shapes; it scores the whole batch at once).
@@ -179,7 +189,7 @@ pub fn ppo_step(
     let optimizing = Instant::now();
     let mut backward = Duration::ZERO;
     // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
-    let shapes_to = std::env::var_os("MAPORL_BENCH_PPO_BATCHES");
+    let shapes_to = bench_batches_path();
     let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
     for epoch in 0..cfg.epochs {
         order.shuffle(&mut rng);

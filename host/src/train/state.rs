@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::ppo::KlController;
 use crate::checkpoint::STATE_FILE;
-use crate::config::{write_atomic, Config};
+use crate::config::Config;
 use crate::debate::PluginHashes;
+use crate::files::write_atomic;
 use crate::model::RngState;
 
 /// Bumped when the checkpoint layout changes.
@@ -137,10 +138,11 @@ fn diff(a: &toml::Table, b: &toml::Table, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-/// A test hook: with `MAPORL_TEST_STALL_CHECKPOINT=<step>`, the checkpoint of that step
-/// stops halfway through being written (tensors staged, state not yet), drops a
-/// `checkpoint-stalled` marker in the run dir and waits to be killed. The tests use it to
-/// SIGKILL a run mid-write.
+/// A test hook (feature `test-hooks`): with `MAPORL_TEST_STALL_CHECKPOINT=<step>`, the
+/// checkpoint of that step stops halfway through being written (tensors staged, state not
+/// yet), drops a `checkpoint-stalled` marker in the run dir and waits to be killed. The tests
+/// use it to SIGKILL a run mid-write.
+#[cfg(feature = "test-hooks")]
 pub fn stall_for_tests(run_dir: &Path, step: usize) {
     let Ok(at) = std::env::var("MAPORL_TEST_STALL_CHECKPOINT") else {
         return;
@@ -150,3 +152,7 @@ pub fn stall_for_tests(run_dir: &Path, step: usize) {
         std::thread::sleep(std::time::Duration::from_secs(600));
     }
 }
+
+/// Without the `test-hooks` feature: nothing.
+#[cfg(not(feature = "test-hooks"))]
+pub fn stall_for_tests(_run_dir: &Path, _step: usize) {}

@@ -131,7 +131,7 @@ pub fn write_jsonl(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    crate::config::write_atomic(path, &text)
+    crate::files::write_atomic(path, &text)
 }
 
 /// Reads samples from JSONL; errors name the file and line.

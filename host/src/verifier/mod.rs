@@ -27,7 +27,8 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::{expand_home, Config};
+use crate::config::Config;
+use crate::files::expand_home;
 use crate::model::{Agent, ChatMessage, ChatTemplate, Lora, ValueHead};
 use crate::plugin::Judge;
 

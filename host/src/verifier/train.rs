@@ -19,7 +19,8 @@ use super::data::{read_jsonl, Sample};
 use super::metrics::Validation;
 use super::{Meta, VerifierModel, HEAD_FILE, META_FILE};
 use crate::checkpoint::{replace_dir, truncate_lines, Checkpoints, STATE_FILE};
-use crate::config::{write_atomic, VerifierTrainConfig};
+use crate::config::VerifierTrainConfig;
+use crate::files::write_atomic;
 use crate::model::{Lora, LoraConfig, ValueHead};
 use crate::optim::{learning_rate, AgentOptimizer};
 

@@ -104,7 +104,7 @@ pub fn smollm2() -> PathBuf {
     let path = std::env::var_os("MAPORL_SMOLLM2_GGUF")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            maporl::config::expand_home("~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            maporl::files::expand_home("~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf")
         });
     assert!(
         path.is_file(),
