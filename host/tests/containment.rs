@@ -546,6 +546,37 @@ fn judge_refuses_more_work_than_a_call_may_ask_for() {
     v.score(&one, &["5".into()]).unwrap();
 }
 
+/// A protocol never sees the gold answer: neither the task's reference nor which
+/// utterances were right (the WIT's "What each world sees").
+#[test]
+fn a_protocol_sees_neither_the_reference_nor_correctness() {
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    let said = transcript(
+        2,
+        2,
+        vec![
+            utterance(1, 0, Some("5"), 1.0, true),
+            utterance(1, 1, Some("6"), 0.0, false),
+            utterance(2, 0, Some("5"), 1.0, true),
+        ],
+    );
+    // The task's reference is "5", and two utterances were right.
+    let err = p.decide(&hostile("report-correct"), 2, &said).unwrap_err();
+    let f = failure(
+        err,
+        "hostile_protocol.wasm",
+        "protocol",
+        "decide",
+        "task-report-correct",
+    );
+    assert!(
+        matches!(&f, Failure::Returned(m)
+            if m.contains("correct [false, false, false], reference \"\"")),
+        "{f:?}"
+    );
+}
+
 #[test]
 fn results_that_type_check_but_make_no_sense_are_refused() {
     let (rt, _, _c) = runtime();

@@ -73,7 +73,7 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<Prompt>, PluginError> {
-        let (wtask, wtranscript) = (without_reference(task), wit::Transcript::from(transcript));
+        let (wtask, wtranscript) = (without_reference(task), without_correctness(transcript));
         let plan = self.handle.call("plan-turn", Some(&task.id), |p, store| {
             p.maporl_plugin_collaboration()
                 .call_plan_turn(store, &wtask, turn, &wtranscript)
@@ -106,7 +106,7 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<String>, PluginError> {
-        let (wtask, wtranscript) = (without_reference(task), wit::Transcript::from(transcript));
+        let (wtask, wtranscript) = (without_reference(task), without_correctness(transcript));
         let answers = self.handle.call("decide", Some(&task.id), |p, store| {
             p.maporl_plugin_collaboration()
                 .call_decide(store, &wtask, turn, &wtranscript)
@@ -125,6 +125,16 @@ fn without_reference(task: &Task) -> wit::Task {
         reference: String::new(),
         ..wit::Task::from(task)
     }
+}
+
+/// The transcript as a protocol sees it: no utterance marked correct, since correctness is
+/// the gold answer in another form.
+fn without_correctness(transcript: &Transcript) -> wit::Transcript {
+    let mut seen = wit::Transcript::from(transcript);
+    for u in &mut seen.utterances {
+        u.correct = false;
+    }
+    seen
 }
 
 /// The team's answer must be one an agent gave by that turn (else the team would be

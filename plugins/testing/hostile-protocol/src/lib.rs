@@ -54,6 +54,14 @@ pub fn decide(
         "foreign-answer" => return Ok((vec!["424242".into()], false)),
         "duplicate-answer" => return Ok((vec![first.clone(), first], false)),
         "many-answers" => return Ok((vec![first; 10_000], false)),
+        // Tells what it was given that only the grader should know.
+        "report-correct" => {
+            let correct: Vec<bool> = transcript.utterances.iter().map(|u| u.correct).collect();
+            return Err(format!(
+                "report-correct: correct {correct:?}, reference {:?}",
+                task.reference
+            ));
+        }
         _ => {}
     }
     match misbehave(&task.question) {
