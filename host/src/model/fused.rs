@@ -7,7 +7,7 @@
 //! backward. Each op here produces one tensor and computes its gradient in one or two passes:
 //! a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the memory (BENCHMARKS.md).
 //! Other devices and dtypes take the elementary ops ([`applies`] decides);
-//! `host/tests/model_kernels.rs` checks every op and its gradients against them.
+//! `tests/model_kernels.rs` checks every op and its gradients against them.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{

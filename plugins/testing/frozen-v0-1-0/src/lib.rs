@@ -1,7 +1,7 @@
 //! TEST FIXTURE: a verifier built only from the frozen copy of the contract as released at
 //! 0.1.0 (`wit/since_v0.1.0/`), with raw wit-bindgen bindings and nothing shared with the
 //! reference plugins. The host must keep loading it as the contract grows: see
-//! `host/tests/contract.rs`.
+//! `tests/contract.rs`.
 //!
 //! Its answer is the response, trimmed; it is right when that equals the reference,
 //! trimmed. It logs one line at configure time, so the host import is exercised too.
