@@ -6,10 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use maporl::model::{
-    score, set_frozen_matmul, set_fused_training_ops, Agent, Base, Config, Lora, LoraConfig,
-    ValueHead,
-};
+use maporl::model::{score, Agent, Base, Config, Lora, LoraConfig, ValueHead};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -62,7 +59,7 @@ fn frozen_base(json: &str, seed: u64) -> Base {
 
 /// How the differentiable path runs.
 #[derive(Clone, Copy, Debug)]
-enum Kernels {
+enum Path {
     /// candle's elementary ops and plain matmul.
     Plain,
     /// The frozen-weight matmul only.
@@ -73,13 +70,19 @@ enum Kernels {
 
 /// The scored outputs (log-probs, entropies, values) and the gradients of a PPO-shaped loss
 /// with an entropy bonus for every trainable var, by name.
-fn grads(
-    agent: &Agent,
-    vars: &[(String, candle_core::Var)],
-    k: Kernels,
-) -> Vec<(String, Vec<f32>)> {
-    set_frozen_matmul(!matches!(k, Kernels::Plain));
-    set_fused_training_ops(matches!(k, Kernels::All));
+fn grads(agent: &Agent, vars: &[(String, candle_core::Var)], k: Path) -> Vec<(String, Vec<f32>)> {
+    // The same agent (the same vars) on a base that computes with these kernels.
+    let mut base = (*agent.base).clone();
+    base.set_kernels(maporl::model::Kernels {
+        frozen_matmul: !matches!(k, Path::Plain),
+        fused_ops: matches!(k, Path::All),
+    });
+    let agent = &Agent {
+        base: std::sync::Arc::new(base),
+        lora: agent.lora.clone(),
+        value_head: agent.value_head.clone(),
+        weights: agent.weights.clone(),
+    };
     let pairs = vec![
         (vec![1, 2, 3], vec![4, 5]),
         (vec![6], vec![7, 8, 9, 10]),
@@ -99,8 +102,6 @@ fn grads(
     }
     let loss = (loss * &s.mask).unwrap().sum_all().unwrap();
     let g = loss.backward().unwrap();
-    set_frozen_matmul(true);
-    set_fused_training_ops(true);
     let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let mut out = vec![
         ("logprobs".to_string(), flat(&s.logprobs)),
@@ -208,8 +209,8 @@ fn training_kernels_match_candles_elementary_ops() {
         {
             vars.push((format!("value_head.{i}"), v));
         }
-        let plain = grads(&agent, &vars, Kernels::Plain);
-        for k in [Kernels::Frozen, Kernels::All] {
+        let plain = grads(&agent, &vars, Path::Plain);
+        for k in [Path::Frozen, Path::All] {
             compare(
                 &format!("LoRA, {k:?}"),
                 &grads(&agent, &vars, k),
@@ -220,10 +221,10 @@ fn training_kernels_match_candles_elementary_ops() {
         // Full fine-tuning: every weight (norms included) is a var, no LoRA.
         let (full, vars) = base.trainable_copy().unwrap();
         let agent = Agent::new(Arc::new(full));
-        let plain = grads(&agent, &vars, Kernels::Plain);
+        let plain = grads(&agent, &vars, Path::Plain);
         compare(
             "full fine-tuning, All",
-            &grads(&agent, &vars, Kernels::All),
+            &grads(&agent, &vars, Path::All),
             &plain,
             1e-4,
         );

@@ -95,11 +95,12 @@ fn main() -> anyhow::Result<()> {
     let json = std::env::var_os("MAPORL_BENCH_JSON").is_some();
     // MAPORL_BENCH_PLAIN_MATMUL: candle's own matmul backward for frozen linears (computes the
     // unused weight gradients), to compare with the frozen-weight matmul.
-    let plain = std::env::var_os("MAPORL_BENCH_PLAIN_MATMUL").is_some();
-    maporl::model::set_frozen_matmul(!plain);
     // MAPORL_BENCH_NO_FUSED: candle's elementary ops on the training path instead of the fused
     // ones (LoRA linear, RMS norm, rope, masked softmax, SiLU gating, token log-probs).
-    maporl::model::set_fused_training_ops(std::env::var_os("MAPORL_BENCH_NO_FUSED").is_none());
+    let kernels = maporl::model::Kernels {
+        frozen_matmul: std::env::var_os("MAPORL_BENCH_PLAIN_MATMUL").is_none(),
+        fused_ops: std::env::var_os("MAPORL_BENCH_NO_FUSED").is_none(),
+    };
     let dev = Device::Cpu;
     if std::env::var_os("MAPORL_BENCH_GEMM").is_some() {
         return gemm_layouts(&dev);
@@ -108,7 +109,9 @@ fn main() -> anyhow::Result<()> {
     let loaded = load(&path, DType::F32, &dev)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let cfg = loaded.base.config().clone();
-    let base = Arc::new(loaded.base);
+    let mut base = loaded.base;
+    base.set_kernels(kernels);
+    let base = Arc::new(base);
     let params: usize = {
         let (h, i, l, v) = (
             cfg.hidden_size,
@@ -258,7 +261,7 @@ fn main() -> anyhow::Result<()> {
              \"gen_b1_tps\":{},\"gen_b8_tps\":{},\"gen_b1_tokens\":[{}],\"gen_b8_tokens\":[{}],\
              \"bandwidth_gbs\":{bw},\"weight_bytes\":{weight_bytes},\"train_s\":{},\"train_fwd_s\":{},\
              \"train_bwd_s\":{},\"train_opt_s\":{},\"rss_gen_mb\":{rss_gen},\"rss_peak_mb\":{rss}}}",
-            if plain { "candle-plain" } else { "candle" },
+            if kernels.frozen_matmul { "candle" } else { "candle-plain" },
             gen_tps.first().copied().unwrap_or(0.0),
             gen_tps.get(1).copied().unwrap_or(0.0),
             toks(gen_tokens.first().unwrap_or(&Vec::new())),

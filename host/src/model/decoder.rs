@@ -128,12 +128,13 @@ impl Lin {
         t: Target,
         lora: Option<&dyn Adapter>,
         train: bool,
+        frozen_matmul: bool,
     ) -> Result<Tensor> {
         // Off the training path an adapter's vars upstream would make the input track a
         // gradient: the detached input takes the no-gradient matmul, the same as a run without
         // the adapter.
         let base_in = if train { x.clone() } else { x.detach() };
-        let y = super::frozen::linear(&self.inner, &base_in)?;
+        let y = super::frozen::linear(&self.inner, &base_in, frozen_matmul)?;
         match lora.map(|a| a.delta(layer, t, x)).transpose()?.flatten() {
             Some(delta) => Ok((y + delta)?),
             None => Ok(y),
@@ -169,6 +170,36 @@ pub(crate) struct Layer {
     ln2: Tensor,
 }
 
+/// Which of the CPU's own kernels a base's forward and backward passes use. Both are on by
+/// default; off, candle's elementary ops take their place (same numbers within float
+/// rounding: tests and benchmarks compare the two). Other devices always take candle's ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    /// The matmul whose backward skips a frozen weight's gradient (and the small-batch
+    /// product for decoding).
+    pub frozen_matmul: bool,
+    /// The ops with their own backward on the training path: RMS norm, rope, masked
+    /// softmax, SiLU gating, token log-probs.
+    pub fused_ops: bool,
+}
+
+impl Default for Kernels {
+    fn default() -> Self {
+        Kernels {
+            frozen_matmul: true,
+            fused_ops: true,
+        }
+    }
+}
+
+impl Kernels {
+    /// candle's elementary ops and plain matmul only.
+    pub const PLAIN: Kernels = Kernels {
+        frozen_matmul: false,
+        fused_ops: false,
+    };
+}
+
 /// The frozen weights of a llama-family decoder. Cheap to share behind an `Arc`.
 #[derive(Debug, Clone)]
 pub struct Base {
@@ -181,6 +212,7 @@ pub struct Base {
     sin: Tensor,
     dtype: DType,
     device: Device,
+    kernels: Kernels,
 }
 
 /// Per-layer keys and values of a batch being generated, in buffers of (batch, kv heads,
@@ -320,7 +352,18 @@ impl Base {
             sin: sin.to_dtype(vb.dtype())?,
             dtype: vb.dtype(),
             device: vb.device().clone(),
+            kernels: Kernels::default(),
         })
+    }
+
+    /// The kernels this base computes with.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// Computes with `kernels` from now on (set before sharing the base).
+    pub fn set_kernels(&mut self, kernels: Kernels) {
+        self.kernels = kernels;
     }
 
     pub fn config(&self) -> &Config {
@@ -390,7 +433,8 @@ impl Base {
             }
         }
         let vb = VarBuilder::from_varmap(&varmap, self.dtype, &self.device);
-        let base = Base::new(&self.cfg, vb).context("building the trainable copy")?;
+        let mut base = Base::new(&self.cfg, vb).context("building the trainable copy")?;
+        base.kernels = self.kernels;
         // A name `Base::new` asked for that `named_weights` did not list would have been
         // created with random values: refuse rather than train a half-random model.
         let made = varmap.all_vars().len();
@@ -512,14 +556,17 @@ impl Base {
 
     /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(super::frozen::linear(&self.lm_head, hidden)?.to_dtype(DType::F32)?)
+        Ok(
+            super::frozen::linear(&self.lm_head, hidden, self.kernels.frozen_matmul)?
+                .to_dtype(DType::F32)?,
+        )
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor, fused: bool) -> Result<Tensor> {
         let eps = self.cfg.rms_norm_eps as f32;
         Ok(if fused {
             candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
-        } else if fused::applies(&[x, w]) {
+        } else if fused::applies(self.kernels.fused_ops, &[x, w]) {
             fused::rms_norm(x, w, eps)?
         } else {
             candle_nn::ops::rms_norm_slow(x, w, eps)?
@@ -555,7 +602,7 @@ impl Base {
         let apply = |x: &Tensor| -> Result<Tensor> {
             Ok(if fused {
                 candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?
-            } else if fused::applies(&[x, cos, sin]) {
+            } else if fused::applies(self.kernels.fused_ops, &[x, cos, sin]) {
                 fused::rope(x, cos, sin)?
             } else {
                 candle_nn::rotary_emb::rope_slow(x, cos, sin)?
@@ -591,12 +638,12 @@ impl Base {
         );
         let (q, k, v) = match &layer.qkv {
             Qkv::Split { q, k, v } => (
-                q.fwd(x, li, Target::Q, lora, !fused)?,
-                k.fwd(x, li, Target::K, lora, !fused)?,
-                v.fwd(x, li, Target::V, lora, !fused)?,
+                q.fwd(x, li, Target::Q, lora, !fused, self.kernels.frozen_matmul)?,
+                k.fwd(x, li, Target::K, lora, !fused, self.kernels.frozen_matmul)?,
+                v.fwd(x, li, Target::V, lora, !fused, self.kernels.frozen_matmul)?,
             ),
             Qkv::Fused(qkv) => {
-                let y = qkv.fwd(x, li, Target::Qkv, lora, !fused)?;
+                let y = qkv.fwd(x, li, Target::Qkv, lora, !fused, self.kernels.frozen_matmul)?;
                 (
                     y.narrow(D::Minus1, 0, nh * hd)?,
                     y.narrow(D::Minus1, nh * hd, nkv * hd)?,
@@ -622,7 +669,9 @@ impl Base {
             let q = q.contiguous()?;
             if let Some(y) = super::rows::decode_attention(&q, &k, &v, mask, scale as f32)? {
                 let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-                return layer.o.fwd(&y, li, Target::O, lora, false);
+                return layer
+                    .o
+                    .fwd(&y, li, Target::O, lora, false, self.kernels.frozen_matmul);
             }
         }
         // Grouped-query attention without repeating K and V: the n_rep query heads that share
@@ -630,7 +679,7 @@ impl Base {
         // and multiplies that head's keys and values once.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
-        let p = if !fused && fused::applies(&[&scores]) {
+        let p = if !fused && fused::applies(self.kernels.fused_ops, &[&scores]) {
             fused::masked_softmax(&scores, scale, mask)?
         } else {
             let mut att = (scores * scale)?;
@@ -647,7 +696,9 @@ impl Base {
         let p = p.to_dtype(q.dtype())?.reshape((b, nkv, n_rep * t, s))?;
         let y = p.matmul(&v)?.reshape((b, nh, t, hd))?;
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-        layer.o.fwd(&y, li, Target::O, lora, !fused)
+        layer
+            .o
+            .fwd(&y, li, Target::O, lora, !fused, self.kernels.frozen_matmul)
     }
 
     fn mlp(
@@ -660,22 +711,38 @@ impl Base {
     ) -> Result<Tensor> {
         let (g, u) = match &layer.gate_up {
             GateUp::Split { gate, up } => (
-                gate.fwd(x, li, Target::Gate, lora, train)?,
-                up.fwd(x, li, Target::Up, lora, train)?,
+                gate.fwd(x, li, Target::Gate, lora, train, self.kernels.frozen_matmul)?,
+                up.fwd(x, li, Target::Up, lora, train, self.kernels.frozen_matmul)?,
             ),
             GateUp::Fused(gu) => {
-                let y = gu.fwd(x, li, Target::GateUp, lora, train)?;
+                let y = gu.fwd(
+                    x,
+                    li,
+                    Target::GateUp,
+                    lora,
+                    train,
+                    self.kernels.frozen_matmul,
+                )?;
                 let i = self.cfg.intermediate_size;
                 (y.narrow(D::Minus1, 0, i)?, y.narrow(D::Minus1, i, i)?)
             }
         };
         let gated = match self.cfg.hidden_act {
-            Act::Silu if train && fused::applies(&[&g, &u]) => fused::silu_mul(&g, &u)?,
+            Act::Silu if train && fused::applies(self.kernels.fused_ops, &[&g, &u]) => {
+                fused::silu_mul(&g, &u)?
+            }
             Act::Silu => (g.silu()? * u)?,
             Act::GeluTanh => (g.gelu()? * u)?,
             Act::Gelu => (g.gelu_erf()? * u)?,
         };
-        layer.down.fwd(&gated, li, Target::Down, lora, train)
+        layer.down.fwd(
+            &gated,
+            li,
+            Target::Down,
+            lora,
+            train,
+            self.kernels.frozen_matmul,
+        )
     }
 }
 

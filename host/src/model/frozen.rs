@@ -10,16 +10,6 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Storage, Tensor};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Turns the frozen-weight matmul on or off (on by default). Off gives candle's plain matmul,
-/// for tests and benchmarks that compare the two.
-#[doc(hidden)]
-pub fn set_frozen_matmul(enabled: bool) {
-    ENABLED.store(enabled, Ordering::Relaxed);
-}
 
 struct FrozenMatmul {
     /// (out, in)
@@ -51,9 +41,10 @@ impl CustomOp1 for FrozenMatmul {
     }
 }
 
-/// Whether `x Wᵀ` should go through [`FrozenMatmul`].
-fn applies(x: &Tensor, w: &Tensor) -> bool {
-    ENABLED.load(Ordering::Relaxed)
+/// Whether `x Wᵀ` should go through [`FrozenMatmul`] (`enabled`: the base's
+/// [`Kernels::frozen_matmul`](super::Kernels)).
+fn applies(enabled: bool, x: &Tensor, w: &Tensor) -> bool {
+    enabled
         && x.device().is_cpu()
         && x.track_op()
         && !w.track_op()
@@ -62,11 +53,16 @@ fn applies(x: &Tensor, w: &Tensor) -> bool {
 }
 
 /// `linear.forward(x)`, with a backward that skips the weight gradient when the weight is
-/// frozen and the input is differentiable (CPU).
-pub(crate) fn linear(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
+/// frozen and the input is differentiable (CPU). `enabled: false` takes candle's own
+/// matmul everywhere.
+pub(crate) fn linear(
+    lin: &candle_nn::Linear,
+    x: &Tensor,
+    enabled: bool,
+) -> candle_core::Result<Tensor> {
     let w = lin.weight();
-    if !applies(x, w) {
-        return small_batch(lin, x);
+    if !applies(enabled, x, w) {
+        return small_batch(lin, x, enabled);
     }
     let dims = x.dims().to_vec();
     let in_dim = *dims.last().unwrap();
@@ -87,13 +83,13 @@ pub(crate) fn linear(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result
 /// about 1.6x faster for a layer's linears and 2.4x for the lm_head at 8 rows
 /// (MAPORL_BENCH_GEMM=1 in host/benches/model.rs measures it). One row (gemm's matrix-vector
 /// path is already bound by memory) and larger blocks keep candle's `x Wᵀ`.
-fn small_batch(lin: &candle_nn::Linear, x: &Tensor) -> candle_core::Result<Tensor> {
+fn small_batch(lin: &candle_nn::Linear, x: &Tensor, enabled: bool) -> candle_core::Result<Tensor> {
     use candle_core::Module;
     let w = lin.weight();
     let dims = x.dims().to_vec();
     let in_dim = *dims.last().unwrap();
     let rows: usize = dims[..dims.len() - 1].iter().product();
-    if !ENABLED.load(Ordering::Relaxed)
+    if !enabled
         || !x.device().is_cpu()
         || x.track_op()
         || w.rank() != 2

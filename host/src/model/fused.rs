@@ -13,20 +13,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Turns the fused training ops on or off (on by default), for tests and benchmarks that
-/// compare them with the elementary ops.
-#[doc(hidden)]
-pub fn set_fused_training_ops(enabled: bool) {
-    ENABLED.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether the fused ops can take these tensors: CPU, f32, and not switched off.
-pub(crate) fn applies(ts: &[&Tensor]) -> bool {
-    ENABLED.load(Ordering::Relaxed)
+/// Whether the fused ops can take these tensors: CPU, f32, and `enabled` (the base's
+/// [`Kernels::fused_ops`](super::Kernels)).
+pub(crate) fn applies(enabled: bool, ts: &[&Tensor]) -> bool {
+    enabled
         && ts
             .iter()
             .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)

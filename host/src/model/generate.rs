@@ -323,7 +323,7 @@ pub fn score(
         // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
         let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
         let tgt = targets.narrow(1, c0, n)?.contiguous()?;
-        if super::fused::applies(&[&logits]) {
+        if super::fused::applies(agent.base.kernels().fused_ops, &[&logits]) {
             // One op: the log-softmax over the vocabulary is never materialised.
             let (b, _, vocab) = logits.dims3()?;
             let lp_h = super::fused::token_logprobs(

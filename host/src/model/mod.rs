@@ -20,11 +20,9 @@ mod rows;
 pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
-pub use decoder::{Base, KvCache, Target};
+pub use decoder::{Base, Kernels, KvCache, Target};
 #[doc(hidden)]
-pub use frozen::set_frozen_matmul;
 #[doc(hidden)]
-pub use fused::set_fused_training_ops;
 pub use generate::{
     generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
 };
