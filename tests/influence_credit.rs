@@ -384,7 +384,7 @@ fn logprob(agent: &Agent, sample: &Sample) -> f32 {
     let scored = score(
         agent,
         &[(sample.prompt.clone(), sample.response.clone())],
-        true,
+        maporl::model::Pass::Inference,
         64,
     )
     .unwrap();

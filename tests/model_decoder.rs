@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models as ct;
+use maporl::model::Pass;
 use maporl::model::{
     generate, score, Agent, Base, Config, GenerateOptions, KvCache, Lora, LoraConfig, Sampler,
     SamplingParams, ValueHead,
@@ -90,14 +91,20 @@ fn ours(base: &Base, prompt: &[Vec<u32>], steps: &[Vec<u32>], fused: bool) -> Ve
     if fused {
         let mut cache = KvCache::new(base.config().num_hidden_layers);
         let h = base
-            .forward(&to_tensor(prompt), &pads, Some(&mut cache), None, true)
+            .forward(
+                &to_tensor(prompt),
+                &pads,
+                Some(&mut cache),
+                None,
+                Pass::Inference,
+            )
             .unwrap();
         let t = h.dim(1).unwrap();
         out.push(base.logits(&h.i((.., t - 1, ..)).unwrap()).unwrap());
         for s in steps {
             let x = Tensor::from_vec(s.clone(), (b, 1), &Device::Cpu).unwrap();
             let h = base
-                .forward(&x, &pads, Some(&mut cache), None, true)
+                .forward(&x, &pads, Some(&mut cache), None, Pass::Inference)
                 .unwrap();
             out.push(base.logits(&h.i((.., 0, ..)).unwrap()).unwrap());
         }
@@ -105,7 +112,7 @@ fn ours(base: &Base, prompt: &[Vec<u32>], steps: &[Vec<u32>], fused: bool) -> Ve
         let mut seq: Vec<Vec<u32>> = prompt.to_vec();
         for k in 0..=steps.len() {
             let h = base
-                .forward(&to_tensor(&seq), &pads, None, None, false)
+                .forward(&to_tensor(&seq), &pads, None, None, Pass::Training)
                 .unwrap();
             let t = h.dim(1).unwrap();
             out.push(base.logits(&h.i((.., t - 1, ..)).unwrap()).unwrap());
@@ -268,18 +275,18 @@ fn left_padded_batch_equals_unbatched_runs() {
             .iter()
             .map(|p| [vec![0; len - p.len()], p.clone()].concat())
             .collect();
-        for fused in [true, false] {
+        for pass in [Pass::Inference, Pass::Training] {
             let h = base
-                .forward(&to_tensor(&padded), &pads, None, None, fused)
+                .forward(&to_tensor(&padded), &pads, None, None, pass)
                 .unwrap();
             for (b, p) in prompts.iter().enumerate() {
                 let single = base
-                    .forward(&to_tensor(std::slice::from_ref(p)), &[0], None, None, fused)
+                    .forward(&to_tensor(std::slice::from_ref(p)), &[0], None, None, pass)
                     .unwrap();
                 // Every real position of the row matches the unpadded run.
                 let mine = h.i((b, pads[b].., ..)).unwrap();
                 let d = max_diff(&mine, &single.i(0).unwrap());
-                assert!(d < 1e-4, "row {b} fused={fused}: max diff {d}");
+                assert!(d < 1e-4, "row {b} {pass:?}: max diff {d}");
                 let hd = h
                     .i((b, .., ..))
                     .unwrap()
@@ -329,7 +336,7 @@ fn every_var_gets_a_gradient_on_the_differentiable_path() {
         let (varmap, base) = random_base(json, 31);
         let prompts = ids(2, 6, 120, 5);
         let h = base
-            .forward(&to_tensor(&prompts), &[0, 2], None, None, false)
+            .forward(&to_tensor(&prompts), &[0, 2], None, None, Pass::Training)
             .unwrap();
         let logits = base.logits(&h).unwrap();
         let w = Tensor::from_vec(
@@ -388,7 +395,13 @@ fn the_fused_path_carries_no_graph_even_over_trainable_weights() {
     };
     let mut cache = KvCache::new(base.config().num_hidden_layers);
     let h = base
-        .forward(&to_tensor(&prompts), &[0, 2], Some(&mut cache), None, true)
+        .forward(
+            &to_tensor(&prompts),
+            &[0, 2],
+            Some(&mut cache),
+            None,
+            Pass::Inference,
+        )
         .unwrap();
     let next = base
         .forward(
@@ -396,14 +409,14 @@ fn the_fused_path_carries_no_graph_even_over_trainable_weights() {
             &[0, 2],
             Some(&mut cache),
             None,
-            true,
+            Pass::Inference,
         )
         .unwrap();
     // Only lm_head (outside the decoder) can be reached from the fused hidden states.
     assert!(grads_of(&h) <= 1, "{} vars reachable", grads_of(&h));
     assert!(grads_of(&next) <= 1);
     let h = base
-        .forward(&to_tensor(&prompts), &[0, 2], None, None, false)
+        .forward(&to_tensor(&prompts), &[0, 2], None, None, Pass::Training)
         .unwrap();
     assert!(grads_of(&h) > 10, "the differentiable path is tracked");
 }
@@ -449,22 +462,30 @@ fn lora_zero_b_equals_base_and_merge_equals_lora_forward() {
         let (vm, _) = random_base(json, 41);
         let base = frozen(json, &vm);
         let x = to_tensor(&ids(2, 5, 120, 6));
-        let plain = base.forward(&x, &[0, 1], None, None, true).unwrap();
+        let plain = base
+            .forward(&x, &[0, 1], None, None, Pass::Inference)
+            .unwrap();
         let lora = Lora::new(&base, lora_cfg(targets), 1).unwrap();
-        let with = base.forward(&x, &[0, 1], None, Some(&lora), true).unwrap();
+        let with = base
+            .forward(&x, &[0, 1], None, Some(&lora), Pass::Inference)
+            .unwrap();
         assert_eq!(
             max_diff(&plain, &with),
             0.0,
             "B = 0 must leave the output unchanged"
         );
         randomize_lora(&lora, 2);
-        let with = base.forward(&x, &[0, 1], None, Some(&lora), true).unwrap();
+        let with = base
+            .forward(&x, &[0, 1], None, Some(&lora), Pass::Inference)
+            .unwrap();
         assert!(
             max_diff(&plain, &with) > 1e-3,
             "a non-zero adapter must change the output"
         );
         let merged = lora.merge(&base).unwrap();
-        let m = merged.forward(&x, &[0, 1], None, None, true).unwrap();
+        let m = merged
+            .forward(&x, &[0, 1], None, None, Pass::Inference)
+            .unwrap();
         let d = max_diff(&m, &with);
         println!("merge vs LoRA forward: max diff {d:e}");
         assert!(d < 1e-4, "merge differs from the LoRA forward by {d}");
@@ -472,7 +493,9 @@ fn lora_zero_b_equals_base_and_merge_equals_lora_forward() {
         assert_eq!(
             max_diff(
                 &plain,
-                &base.forward(&x, &[0, 1], None, None, true).unwrap()
+                &base
+                    .forward(&x, &[0, 1], None, None, Pass::Inference)
+                    .unwrap()
             ),
             0.0
         );
@@ -518,8 +541,12 @@ fn lora_save_load_round_trip_with_peft_names() {
     assert_eq!(conf["r"], 4);
     let back = Lora::load(dir.path(), &base).unwrap();
     let x = to_tensor(&ids(2, 5, 120, 8));
-    let a = base.forward(&x, &[0, 0], None, Some(&lora), true).unwrap();
-    let b = base.forward(&x, &[0, 0], None, Some(&back), true).unwrap();
+    let a = base
+        .forward(&x, &[0, 0], None, Some(&lora), Pass::Inference)
+        .unwrap();
+    let b = base
+        .forward(&x, &[0, 0], None, Some(&back), Pass::Inference)
+        .unwrap();
     assert_eq!(max_diff(&a, &b), 0.0);
     // A missing file is named.
     std::fs::remove_file(dir.path().join("adapter_model.safetensors")).unwrap();
@@ -550,7 +577,7 @@ fn lora_and_value_head_train_while_the_base_stays_frozen() {
     agent.lora = Some(lora);
     agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 7).unwrap());
     let pairs = vec![(vec![1, 2, 3], vec![4, 5]), (vec![6], vec![7, 8, 9, 10])];
-    let s = score(&agent, &pairs, false, 2).unwrap();
+    let s = score(&agent, &pairs, Pass::Training, 2).unwrap();
     let loss = ((s.logprobs.clone() * &s.mask).unwrap().sum_all().unwrap()
         + (s.values.clone().unwrap() * &s.mask)
             .unwrap()
@@ -715,8 +742,8 @@ fn response_logprobs_match_a_full_forward_and_do_not_depend_on_chunking() {
         (vec![1], vec![2, 3, 4, 10, 11]),
         (vec![12, 13, 14, 15], vec![16]),
     ];
-    let s1 = score(&agent, &pairs, true, 1).unwrap();
-    let s3 = score(&agent, &pairs, false, 3).unwrap();
+    let s1 = score(&agent, &pairs, Pass::Inference, 1).unwrap();
+    let s3 = score(&agent, &pairs, Pass::Training, 3).unwrap();
     assert!(max_diff(&s1.logprobs, &s3.logprobs) < 1e-4);
     let lp = s1.logprobs.to_vec2::<f32>().unwrap();
     let mask = s1.mask.to_vec2::<f32>().unwrap();
@@ -736,7 +763,7 @@ fn response_logprobs_match_a_full_forward_and_do_not_depend_on_chunking() {
                 &[0],
                 None,
                 None,
-                true,
+                Pass::Inference,
             )
             .unwrap();
         let lsm = candle_nn::ops::log_softmax(&base.logits(&h).unwrap(), D::Minus1)
@@ -770,7 +797,9 @@ fn f16_padded_batches_stay_finite_and_close_to_f32() {
     let x = to_tensor(&ids(2, 6, 120, 3));
     // Row 1 has 4 padding positions, so its first query rows are fully masked.
     let pads = [0, 4];
-    let h16 = base16.forward(&x, &pads, None, None, true).unwrap();
+    let h16 = base16
+        .forward(&x, &pads, None, None, Pass::Inference)
+        .unwrap();
     let l16 = base16.logits(&h16).unwrap();
     let all: Vec<f32> = l16.flatten_all().unwrap().to_vec1().unwrap();
     assert!(
@@ -778,7 +807,11 @@ fn f16_padded_batches_stay_finite_and_close_to_f32() {
         "f16 mask produced non-finite logits"
     );
     let l32 = base32
-        .logits(&base32.forward(&x, &pads, None, None, true).unwrap())
+        .logits(
+            &base32
+                .forward(&x, &pads, None, None, Pass::Inference)
+                .unwrap(),
+        )
         .unwrap();
     let d = max_diff(
         &l16.i((.., 4.., ..)).unwrap(),
@@ -798,11 +831,11 @@ fn sliding_window_attends_to_the_last_window_positions_only() {
     assert_eq!(base.config().sliding_window, Some(3));
     let seq = ids(1, 8, 120, 4);
     let full = base
-        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .forward(&to_tensor(&seq), &[0], None, None, Pass::Inference)
         .unwrap();
     let tail = vec![seq[0][5..].to_vec()];
     let short = base
-        .forward(&to_tensor(&tail), &[0], None, None, false)
+        .forward(&to_tensor(&tail), &[0], None, None, Pass::Training)
         .unwrap();
     let d = max_diff(&full.i((0, 7, ..)).unwrap(), &short.i((0, 2, ..)).unwrap());
     assert!(
@@ -815,7 +848,7 @@ fn sliding_window_attends_to_the_last_window_positions_only() {
         111,
     );
     let full_open = open
-        .forward(&to_tensor(&seq), &[0], None, None, true)
+        .forward(&to_tensor(&seq), &[0], None, None, Pass::Inference)
         .unwrap();
     assert!(
         max_diff(
@@ -829,7 +862,7 @@ fn sliding_window_attends_to_the_last_window_positions_only() {
     for &tok in &seq[0] {
         let x = Tensor::from_vec(vec![tok], (1, 1), &Device::Cpu).unwrap();
         last = Some(
-            base.forward(&x, &[0], Some(&mut cache), None, true)
+            base.forward(&x, &[0], Some(&mut cache), None, Pass::Inference)
                 .unwrap(),
         );
     }

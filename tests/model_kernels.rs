@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use maporl::model::Pass;
 use maporl::model::{score, Agent, Base, Config, Lora, LoraConfig, ValueHead};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -88,7 +89,7 @@ fn grads(agent: &Agent, vars: &[(String, candle_core::Var)], k: Path) -> Vec<(St
         (vec![6], vec![7, 8, 9, 10]),
         (vec![11, 12, 13, 14, 15], vec![16, 17, 18]),
     ];
-    let s = score(agent, &pairs, false, 2).unwrap();
+    let s = score(agent, &pairs, Pass::Training, 2).unwrap();
     let old = (s.logprobs.detach() - 0.1).unwrap();
     let ratio = (s.logprobs.clone() - &old).unwrap().exp().unwrap();
     let adv = Tensor::new(&[[1f32, -0.5, 2.0, 0.3]; 3], &Device::Cpu).unwrap();

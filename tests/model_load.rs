@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
+use maporl::model::Pass;
 use maporl::model::{load, Base, ChatMessage, Config};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -130,7 +131,9 @@ fn reference(cfg_json: &str, ts: &[(String, Tensor)], dtype: DType) -> Base {
 
 fn logits(base: &Base) -> Tensor {
     let ids = Tensor::new(&[[1u32, 7, 9, 22, 41, 3]], &Device::Cpu).unwrap();
-    let h = base.forward(&ids, &[0], None, None, true).unwrap();
+    let h = base
+        .forward(&ids, &[0], None, None, Pass::Inference)
+        .unwrap();
     base.logits(&h).unwrap()
 }
 
@@ -235,7 +238,7 @@ fn single_file_f16_tied_qwen2_with_a_transformers_4_config_and_tokenizer_files()
             &[0],
             None,
             None,
-            true,
+            Pass::Inference,
         )
         .unwrap();
     let emb = want.logits(&h).unwrap();

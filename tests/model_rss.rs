@@ -4,6 +4,7 @@
 mod support;
 
 use candle_core::{DType, Device};
+use maporl::model::Pass;
 use maporl::model::{load, score, Agent, Lora, LoraConfig, ValueHead};
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ fn agent(base: &Arc<maporl::model::Base>, seed: u64) -> Agent {
 
 fn work(a: &Agent) -> f32 {
     let pairs = vec![(vec![1u32, 2, 3, 4, 5, 6, 7, 8], vec![9u32; 16]); 2];
-    let s = score(a, &pairs, false, 8).unwrap();
+    let s = score(a, &pairs, Pass::Training, 8).unwrap();
     s.logprobs.sum_all().unwrap().to_scalar::<f32>().unwrap()
 }
 

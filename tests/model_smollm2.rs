@@ -4,6 +4,7 @@
 mod support;
 
 use candle_core::{DType, Device};
+use maporl::model::Pass;
 use maporl::model::{generate, load, Agent, ChatMessage, GenerateOptions, Sampler, SamplingParams};
 use std::sync::Arc;
 
@@ -110,7 +111,10 @@ fn smollm2_logits_follow_candle_quantized_llama_on_the_same_gguf() {
         .unwrap()
         .unsqueeze(0)
         .unwrap();
-    let h = loaded.base.forward(&x, &[0], None, None, true).unwrap();
+    let h = loaded
+        .base
+        .forward(&x, &[0], None, None, Pass::Inference)
+        .unwrap();
     let ours = loaded
         .base
         .logits(&h.i((.., ids.len() - 1, ..)).unwrap())

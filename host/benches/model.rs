@@ -8,6 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
+use maporl::model::Pass;
 use maporl::model::{
     generate, load, score, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams,
     ValueHead,
@@ -135,7 +136,7 @@ fn main() -> anyhow::Result<()> {
     let prompt: Vec<u32> = (0..32).map(|i| 100 + i).collect();
     if let Some(out) = std::env::var_os("MAPORL_BENCH_LOGITS") {
         let ids = Tensor::new(prompt.as_slice(), &dev)?.unsqueeze(0)?;
-        let hidden = agent.forward(&ids, &[0], None, true)?;
+        let hidden = agent.forward(&ids, &[0], None, Pass::Inference)?;
         let logits = base.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
         let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
         std::fs::write(&out, bytes)?;
@@ -225,7 +226,7 @@ fn main() -> anyhow::Result<()> {
     let mut best = [f64::MAX; 4];
     for step in 0..steps {
         let t = Instant::now();
-        let s = score(&a, &pairs, false, 16)?;
+        let s = score(&a, &pairs, Pass::Training, 16)?;
         let old = s.logprobs.detach();
         let adv = Tensor::ones_like(&old)?;
         let ratio = (s.logprobs.clone() - &old)?.exp()?;

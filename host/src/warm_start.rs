@@ -6,6 +6,7 @@
 //! turns), so MAPoRL has something to improve. A 135M model takes about 12 minutes per PPO
 //! step on 2 CPU cores; this one takes seconds, which is what lets the quickstart train.
 
+use crate::model::Pass;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -390,7 +391,7 @@ fn train(
             }
         };
         optimizer.set_lr(learning_rate(step, ws.steps, warmup, ws.lr, 0.1));
-        let scored = score(agent, &batch, false, 64)?;
+        let scored = score(agent, &batch, Pass::Training, 64)?;
         let n = scored.mask.sum_all()?.to_scalar::<f32>()?;
         let loss = ((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / f64::from(n))?;
         optimizer.minimize(&loss, 1.0)?;

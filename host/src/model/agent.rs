@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Tensor, Var};
 
-use super::decoder::{Adapter, Base, KvCache};
+use super::decoder::{Adapter, Base, KvCache, Pass};
 use super::lora::{Lora, ValueHead};
 
 /// One agent: a shared frozen base plus its own adapter and value head.
@@ -78,14 +78,14 @@ impl Agent {
         ids: &Tensor,
         pads: &[usize],
         cache: Option<&mut KvCache>,
-        fused: bool,
+        pass: Pass,
     ) -> Result<Tensor> {
         self.base.forward(
             ids,
             pads,
             cache,
             self.lora.as_ref().map(|l| l as &dyn Adapter),
-            fused,
+            pass,
         )
     }
 

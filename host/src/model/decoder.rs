@@ -1,8 +1,8 @@
 //! One decoder for the llama family (Llama, Qwen2, Phi-3, Mistral, SmolLM2).
 //!
-//! Two paths share the weights: `fused = true` uses candle's fused softmax / rms_norm / rope
-//! kernels (fast, but they have no backward), `fused = false` uses differentiable ops for
-//! training. The forward pass returns final (normed) hidden states; `logits` applies lm_head.
+//! Two paths share the weights, chosen by [`Pass`]: inference uses candle's fused softmax /
+//! rms_norm / rope kernels and the KV cache (fast, but they have no backward); training uses
+//! differentiable ops (with the CPU's own backward where [`Kernels`] allow). The forward pass returns final (normed) hidden states; `logits` applies lm_head.
 //! Batches are left padded: `pads[b]` leading positions of row b are padding, masked out by one
 //! additive causal + padding (+ sliding window) mask with a finite value.
 
@@ -170,6 +170,16 @@ pub(crate) struct Layer {
     ln2: Tensor,
 }
 
+/// Which path a forward pass takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// No gradient: candle's fused kernels and the KV cache (generation, scoring before an
+    /// update, evaluation). The result carries no graph.
+    Inference,
+    /// Differentiable: ops with a backward, for a loss to be minimised.
+    Training,
+}
+
 /// Which of the CPU's own kernels a base's forward and backward passes use. Both are on by
 /// default; off, candle's elementary ops take their place (same numbers within float
 /// rounding: tests and benchmarks compare the two). Other devices always take candle's ops.
@@ -218,7 +228,7 @@ pub struct Base {
 /// Per-layer keys and values of a batch being generated, in buffers of (batch, kv heads,
 /// capacity, head dim) that grow 128 positions at a time: a decoding step writes its one new
 /// position in place instead of copying the whole cache. Cached keys and values carry no
-/// gradient (the cache is for the fused, generation path).
+/// gradient (the cache is for the inference path).
 #[derive(Debug)]
 pub struct KvCache {
     kvs: Vec<Option<(Tensor, Tensor)>>,
@@ -504,16 +514,15 @@ impl Base {
         pads: &[usize],
         cache: Option<&mut KvCache>,
         lora: Option<&dyn Adapter>,
-        fused: bool,
+        pass: Pass,
     ) -> Result<Tensor> {
+        let inference = pass == Pass::Inference;
         let (b, t) = ids.dims2()?;
         if pads.len() != b {
             anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
         }
-        if cache.is_some() && !fused {
-            anyhow::bail!(
-                "the KV cache is for the fused (generation) path; cached keys carry no gradient"
-            );
+        if cache.is_some() && !inference {
+            anyhow::bail!("the KV cache is for the inference path; cached keys carry no gradient");
         }
         let offset = cache.as_ref().map_or(0, |c| c.len);
         if offset + t > self.cfg.max_position_embeddings {
@@ -534,14 +543,24 @@ impl Base {
         let mut cache = cache;
         for (li, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.kvs[li], offset));
-            let h = self.rms_norm(&x, &layer.ln1, fused)?;
-            let a = self.attention(&h, li, layer, kv, mask.as_ref(), &cos, &sin, lora, fused)?;
+            let h = self.rms_norm(&x, &layer.ln1, inference)?;
+            let a = self.attention(
+                &h,
+                li,
+                layer,
+                kv,
+                mask.as_ref(),
+                &cos,
+                &sin,
+                lora,
+                inference,
+            )?;
             x = (x + a)?;
-            let h = self.rms_norm(&x, &layer.ln2, fused)?;
-            let m = self.mlp(&h, li, layer, lora, !fused)?;
+            let h = self.rms_norm(&x, &layer.ln2, inference)?;
+            let m = self.mlp(&h, li, layer, lora, !inference)?;
             x = (x + m)?;
-            if fused {
-                // The fused path needs no gradient: without this, ops on trainable tensors
+            if inference {
+                // The inference path needs no gradient: without this, ops on trainable tensors
                 // (LoRA, fully fine-tuned weights) keep every layer's activations alive
                 // through the autograd graph until the forward ends.
                 x = x.detach();
@@ -550,8 +569,8 @@ impl Base {
         if let Some(c) = cache {
             c.len += t;
         }
-        let out = self.rms_norm(&x, &self.norm, fused)?;
-        Ok(if fused { out.detach() } else { out })
+        let out = self.rms_norm(&x, &self.norm, inference)?;
+        Ok(if inference { out.detach() } else { out })
     }
 
     /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.
@@ -562,9 +581,9 @@ impl Base {
         )
     }
 
-    fn rms_norm(&self, x: &Tensor, w: &Tensor, fused: bool) -> Result<Tensor> {
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, inference: bool) -> Result<Tensor> {
         let eps = self.cfg.rms_norm_eps as f32;
-        Ok(if fused {
+        Ok(if inference {
             candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
         } else if fused::applies(self.kernels.fused_ops, &[x, w]) {
             fused::rms_norm(x, w, eps)?
@@ -596,11 +615,11 @@ impl Base {
         Ok(Some(m))
     }
 
-    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, inference: bool) -> Result<Tensor> {
         let rot = self.cfg.rotary_dim();
         let hd = self.cfg.head_dim;
         let apply = |x: &Tensor| -> Result<Tensor> {
-            Ok(if fused {
+            Ok(if inference {
                 candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?
             } else if fused::applies(self.kernels.fused_ops, &[x, cos, sin]) {
                 fused::rope(x, cos, sin)?
@@ -628,7 +647,7 @@ impl Base {
         cos: &Tensor,
         sin: &Tensor,
         lora: Option<&dyn Adapter>,
-        fused: bool,
+        inference: bool,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (
@@ -638,12 +657,40 @@ impl Base {
         );
         let (q, k, v) = match &layer.qkv {
             Qkv::Split { q, k, v } => (
-                q.fwd(x, li, Target::Q, lora, !fused, self.kernels.frozen_matmul)?,
-                k.fwd(x, li, Target::K, lora, !fused, self.kernels.frozen_matmul)?,
-                v.fwd(x, li, Target::V, lora, !fused, self.kernels.frozen_matmul)?,
+                q.fwd(
+                    x,
+                    li,
+                    Target::Q,
+                    lora,
+                    !inference,
+                    self.kernels.frozen_matmul,
+                )?,
+                k.fwd(
+                    x,
+                    li,
+                    Target::K,
+                    lora,
+                    !inference,
+                    self.kernels.frozen_matmul,
+                )?,
+                v.fwd(
+                    x,
+                    li,
+                    Target::V,
+                    lora,
+                    !inference,
+                    self.kernels.frozen_matmul,
+                )?,
             ),
             Qkv::Fused(qkv) => {
-                let y = qkv.fwd(x, li, Target::Qkv, lora, !fused, self.kernels.frozen_matmul)?;
+                let y = qkv.fwd(
+                    x,
+                    li,
+                    Target::Qkv,
+                    lora,
+                    !inference,
+                    self.kernels.frozen_matmul,
+                )?;
                 (
                     y.narrow(D::Minus1, 0, nh * hd)?,
                     y.narrow(D::Minus1, nh * hd, nkv * hd)?,
@@ -654,8 +701,8 @@ impl Base {
         let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let k = k.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
         let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
-        let q = self.rope(&q, cos, sin, fused)?;
-        let k = self.rope(&k, cos, sin, fused)?;
+        let q = self.rope(&q, cos, sin, inference)?;
+        let k = self.rope(&k, cos, sin, inference)?;
         let (k, v) = match kv {
             Some((slot, len)) => append_kv(slot, len, &k, &v)?,
             None => (k.contiguous()?, v.contiguous()?),
@@ -665,7 +712,7 @@ impl Base {
         let scale = 1.0 / (hd as f64).sqrt();
         // Decoding: a few new positions against the cache in one kernel (rows.rs); the batched
         // matmuls below spent more time packing operands than multiplying.
-        if fused && t <= 4 {
+        if inference && t <= 4 {
             let q = q.contiguous()?;
             if let Some(y) = super::rows::decode_attention(&q, &k, &v, mask, scale as f32)? {
                 let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
@@ -679,7 +726,7 @@ impl Base {
         // and multiplies that head's keys and values once.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
-        let p = if !fused && fused::applies(self.kernels.fused_ops, &[&scores]) {
+        let p = if !inference && fused::applies(self.kernels.fused_ops, &[&scores]) {
             fused::masked_softmax(&scores, scale, mask)?
         } else {
             let mut att = (scores * scale)?;
@@ -687,7 +734,7 @@ impl Base {
                 att = att.broadcast_add(m)?;
             }
             let att32 = att.to_dtype(DType::F32)?;
-            if fused {
+            if inference {
                 candle_nn::ops::softmax_last_dim(&att32)?
             } else {
                 candle_nn::ops::softmax(&att32, D::Minus1)?
@@ -696,9 +743,14 @@ impl Base {
         let p = p.to_dtype(q.dtype())?.reshape((b, nkv, n_rep * t, s))?;
         let y = p.matmul(&v)?.reshape((b, nh, t, hd))?;
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-        layer
-            .o
-            .fwd(&y, li, Target::O, lora, !fused, self.kernels.frozen_matmul)
+        layer.o.fwd(
+            &y,
+            li,
+            Target::O,
+            lora,
+            !inference,
+            self.kernels.frozen_matmul,
+        )
     }
 
     fn mlp(
@@ -808,7 +860,7 @@ mod tests {
         let base = Base::new(&cfg, vb).unwrap();
         let mut cache = KvCache::new(2);
         let ids = Tensor::new(&[[1u32, 2, 3]], &Device::Cpu).unwrap();
-        base.forward(&ids, &[0], Some(&mut cache), None, true)
+        base.forward(&ids, &[0], Some(&mut cache), None, Pass::Inference)
             .unwrap();
         let vars = varmap.all_vars();
         for (k, v) in cache.kvs.iter().flatten() {

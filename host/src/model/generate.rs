@@ -3,6 +3,7 @@
 
 use super::agent::Agent;
 use super::decoder::KvCache;
+use super::decoder::Pass;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor, D};
 use rand::{Rng, SeedableRng};
@@ -249,7 +250,7 @@ pub fn generate(
         if !active.iter().any(|&a| a) {
             break;
         }
-        let hidden = agent.forward(&input, &pads, Some(&mut cache), true)?;
+        let hidden = agent.forward(&input, &pads, Some(&mut cache), Pass::Inference)?;
         let t = hidden.dim(1)?;
         let last = hidden.i((.., t - 1, ..))?.contiguous()?;
         let logits = base.logits(&last)?;
@@ -287,11 +288,11 @@ pub struct Scored {
 
 /// Scores `(prompt, response)` pairs with `agent`: lm_head runs only over response positions, in
 /// chunks of `chunk` positions, so vocab-sized logits never cover whole sequences. Use
-/// `fused = false` for a differentiable result.
+/// [`Pass::Training`] for a differentiable result.
 pub fn score(
     agent: &Agent,
     pairs: &[(Vec<u32>, Vec<u32>)],
-    fused: bool,
+    pass: Pass,
     chunk: usize,
 ) -> Result<Scored> {
     if pairs.is_empty() {
@@ -309,7 +310,7 @@ pub fn score(
     let (ids, pads) = left_pad(&seqs, 0, dev)?;
     let len = ids.dim(1)?;
     let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap();
-    let hidden = agent.forward(&ids, &pads, None, fused)?;
+    let hidden = agent.forward(&ids, &pads, None, pass)?;
     // Hidden state at position j predicts token j + 1.
     let pred = hidden.narrow(1, len - 1 - r_max, r_max)?;
     let targets = ids.narrow(1, len - r_max, r_max)?;

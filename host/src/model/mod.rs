@@ -20,7 +20,7 @@ mod rows;
 pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
-pub use decoder::{Base, Kernels, KvCache, Target};
+pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
 #[doc(hidden)]
 pub use generate::{

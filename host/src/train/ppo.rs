@@ -9,6 +9,7 @@
 //! with a 0/1 mask on real tokens. Cross-turn credit comes only from the shaped reward: GAE
 //! never crosses from one response into another.
 
+use crate::model::Pass;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -142,9 +143,10 @@ pub fn ppo_step(
 
     // The old policy and the reference, without gradients.
     let scoring = Instant::now();
-    let old = score(agent, &pairs, true, cfg.chunk).context("scoring with the current policy")?;
-    let reference =
-        score(reference, &pairs, true, cfg.chunk).context("scoring with the reference")?;
+    let old = score(agent, &pairs, Pass::Inference, cfg.chunk)
+        .context("scoring with the current policy")?;
+    let reference = score(reference, &pairs, Pass::Inference, cfg.chunk)
+        .context("scoring with the reference")?;
     let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
     let old_values = rows(old.values.as_ref().expect("checked above"))?;
     let mask = rows(&old.mask)?;
@@ -214,7 +216,7 @@ pub fn ppo_step(
                     .map(|&i| samples[i].response.len())
                     .max()
                     .unwrap_or(0);
-                let new = score(agent, &part_pairs, false, cfg.chunk)?;
+                let new = score(agent, &part_pairs, Pass::Training, cfg.chunk)?;
                 let m = select(&mask, part, width, &dev)?;
                 let (pg, loss_stats) = policy_loss(
                     &new.logprobs,

@@ -3,6 +3,7 @@
 //! agent fine-tuned with a LoRA adapter on its own utterances in those debates
 //! (cross-entropy on the response tokens).
 
+use crate::model::Pass;
 use std::io::Write as _;
 use std::path::PathBuf;
 
@@ -109,7 +110,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                     .iter()
                     .map(|&i| (samples[i].prompt.clone(), samples[i].response.clone()))
                     .collect();
-                let scored = score(agent, &pairs, false, t.ppo.chunk)?;
+                let scored = score(agent, &pairs, Pass::Training, t.ppo.chunk)?;
                 let n = scored.mask.sum_all()?.to_scalar::<f32>()?;
                 let loss = ((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / n as f64)?;
                 norm_sum += optimizer.minimize(&loss, t.ppo.max_grad_norm)?;

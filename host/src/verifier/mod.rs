@@ -18,6 +18,7 @@ pub mod data;
 pub mod metrics;
 pub mod train;
 
+use crate::model::Pass;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -202,11 +203,11 @@ impl VerifierModel {
     }
 
     /// Head logits on the response positions of `pairs` (prompt ids, response ids). Use
-    /// `fused = false` for a differentiable result.
+    /// [`Pass::Training`] for a differentiable result.
     pub fn response_logits(
         &self,
         pairs: &[(Vec<u32>, Vec<u32>)],
-        fused: bool,
+        pass: Pass,
     ) -> anyhow::Result<ResponseLogits> {
         let head = self
             .agent
@@ -220,7 +221,7 @@ impl VerifierModel {
         let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
         let len = ids.dim(1)?;
         let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(1);
-        let hidden = self.agent.forward(&ids, &pads, None, fused)?;
+        let hidden = self.agent.forward(&ids, &pads, None, pass)?;
         let logits = head.forward(&hidden.narrow(1, len - r_max, r_max)?.contiguous()?)?;
         let mask: Vec<f32> = pairs
             .iter()
@@ -253,7 +254,7 @@ impl VerifierModel {
                 .collect();
             let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
             let len = ids.dim(1)?;
-            let hidden = self.agent.forward(&ids, &pads, None, true)?;
+            let hidden = self.agent.forward(&ids, &pads, None, Pass::Inference)?;
             let last = hidden.i((.., len - 1, ..))?.contiguous()?;
             let p = candle_nn::ops::sigmoid(&head.forward(&last)?)?.to_vec1::<f32>()?;
             for (&i, p) in chunk.iter().zip(p) {

@@ -3,6 +3,7 @@
 //! epoch; checkpoints as the trainer's (`checkpoints/step-N`, atomic, `latest`, exact
 //! resume), and the result in `checkpoints/final`.
 
+use crate::model::Pass;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -275,7 +276,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             .map(|&i| f32::from(u8::from(labels[i])))
             .collect();
         let y = Tensor::from_vec(y, (batch.len(), 1), &Device::Cpu)?;
-        let out = model.response_logits(&pairs, false)?;
+        let out = model.response_logits(&pairs, Pass::Training)?;
         let z = out.logits.to_dtype(DType::F32)?;
         let loss = if t.loss == "last-token" {
             let r = z.dim(1)?;
