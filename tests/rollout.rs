@@ -62,6 +62,12 @@ fn eval_writes_config_transcripts_and_metrics_and_is_deterministic() {
     let printed = text(&out);
     assert!(printed.contains("| majority accuracy |"), "{printed}");
     assert!(printed.contains("plugins took"), "{printed}");
+    // The run says where its agents are (device = "auto": the CPU in a build without CUDA).
+    #[cfg(not(feature = "cuda"))]
+    assert!(
+        printed.contains("devices: agent 0 on cpu (auto), agent 1 on cpu (auto)"),
+        "{printed}"
+    );
 
     // The resolved config holds every default and the overrides.
     let config = maporl::config::Config::load(&a.join("config.toml"), &[]).unwrap();

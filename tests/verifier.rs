@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::atomic::AtomicBool;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use maporl::config::VerifierTrainConfig;
 use maporl::verifier::data::{write_jsonl, Sample};
 use maporl::verifier::train::{train, TrainOptions};
@@ -71,6 +71,7 @@ fn options(model: &std::path::Path, data: &std::path::Path, run: &std::path::Pat
         max_response_tokens: 64,
         seed: 3,
         dtype: DType::F32,
+        device: Device::Cpu,
         resume: false,
         stop_after: None,
         verbose: true,
@@ -238,7 +239,8 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
     let sha = maporl::verifier::checkpoint_sha256(&final_dir).unwrap();
 
     let served =
-        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, 4).unwrap();
+        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, &Device::Cpu, 4)
+            .unwrap();
     let responses: Vec<String> = ["\\boxed{3}", "The answer is \\boxed{4}.", "\\boxed{2}"]
         .map(String::from)
         .to_vec();
@@ -305,7 +307,8 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
 fn bench_scoring_throughput_on_smollm2() {
     use maporl::model::{generate, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams};
     use maporl::verifier::VerifierModel;
-    let (mut agent, prompter) = VerifierModel::base(&support::smollm2(), DType::F32, 512).unwrap();
+    let (mut agent, prompter) =
+        VerifierModel::base(&support::smollm2(), DType::F32, &Device::Cpu, 512).unwrap();
     let bare = maporl::model::Agent::new(agent.base.clone());
     let cfg = VerifierTrainConfig::default();
     agent.lora = Some(

@@ -80,7 +80,8 @@ impl Session {
             seed: config.seed,
             dtype: config.model.candle_dtype(),
         };
-        let mut team = ModelTeam::load(&paths, &opts, &Device::Cpu)?;
+        let devices = agent_devices(&config)?;
+        let mut team = ModelTeam::load(&paths, &devices, &opts)?;
         for a in 0..config.debate.agents as usize {
             if let Some(dir) = config.agent_adapter(a) {
                 let dir = expand_home(dir);
@@ -149,6 +150,31 @@ impl Session {
     /// What a plugin failure does to the run (`debate.on_plugin_error`).
     pub fn on_error(&self) -> OnPluginError {
         self.config.debate.on_plugin_error
+    }
+}
+
+/// Each agent's device, opened; says on stderr where the team runs.
+fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
+    let mut devices = Vec::new();
+    let mut told = Vec::new();
+    for a in 0..config.debate.agents as usize {
+        let choice = config.agent_device(a);
+        let device = choice
+            .open()
+            .with_context(|| format!("the device of agent {a}"))?;
+        told.push(format!("agent {a} on {} ({choice})", name(&device)));
+        devices.push(device);
+    }
+    eprintln!("devices: {}", told.join(", "));
+    Ok(devices)
+}
+
+/// "cpu" or "cuda:N".
+pub fn name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
 }
 

@@ -133,6 +133,12 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         max_response_tokens: v.max_response_tokens,
         seed: config.seed,
         dtype: config.model.candle_dtype(),
+        device: config
+            .verifier
+            .device
+            .unwrap_or(config.device)
+            .open()
+            .context("verifier.device")?,
         resume: args.resume,
         stop_after: args.stop_after,
         verbose: true,

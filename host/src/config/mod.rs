@@ -24,9 +24,13 @@ pub struct Config {
     pub seed: u64,
     /// Where the run writes its outputs; `runs/<config name>` when empty.
     pub run_dir: String,
+    /// Where the agents' tensors live: "cpu", "cuda" (the first GPU), "cuda:N", or "auto"
+    /// (the first GPU when this maporl has CUDA and one is present, else the CPU).
+    /// `[[agents]]` and `[verifier]` may each name their own.
+    pub device: DeviceChoice,
     pub data: DataConfig,
     pub model: ModelConfig,
-    /// Per-agent overrides; agents without an entry use `model`.
+    /// Per-agent overrides; agents without an entry use `model` and `device`.
     pub agents: Vec<AgentConfig>,
     pub debate: DebateConfig,
     pub generation: GenerationConfig,
@@ -249,6 +253,75 @@ impl ModelConfig {
     }
 }
 
+/// A device as a config names it (`device`, `agents[i].device`, `verifier.device`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceChoice {
+    /// The first CUDA device when this maporl has CUDA and one is present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// CUDA device N ("cuda" is "cuda:0").
+    Cuda(usize),
+}
+
+impl TryFrom<String> for DeviceChoice {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| {
+                    format!("unknown device `{other}`, expected `cpu`, `cuda`, `cuda:N` or `auto`")
+                }),
+        }
+    }
+}
+
+impl From<DeviceChoice> for String {
+    fn from(d: DeviceChoice) -> String {
+        d.to_string()
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// The device this names, on this machine and build: "auto" picks, a CUDA device that
+    /// this build cannot use is an error saying why.
+    pub fn open(self) -> anyhow::Result<candle_core::Device> {
+        match self {
+            DeviceChoice::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceChoice::Auto
+                if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() =>
+            {
+                Ok(candle_core::Device::new_cuda(0)?)
+            }
+            DeviceChoice::Auto => Ok(candle_core::Device::Cpu),
+            DeviceChoice::Cuda(n) if cfg!(feature = "cuda") => {
+                candle_core::Device::new_cuda(n).with_context(|| format!("device = \"cuda:{n}\""))
+            }
+            DeviceChoice::Cuda(n) => bail!(
+                "device = \"cuda:{n}\": this maporl was built without CUDA (build it with \
+                 `--features cuda`), or use device = \"cpu\""
+            ),
+        }
+    }
+}
+
 /// Who learns in a training run (`train.mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -323,6 +396,8 @@ pub struct AgentConfig {
     /// A LoRA adapter in the PEFT layout for this agent (e.g. a training run's
     /// `checkpoints/final/agent-N`); empty: none. Training continues from it.
     pub adapter: String,
+    /// This agent's device; none: the run's `device`.
+    pub device: Option<DeviceChoice>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -598,6 +673,14 @@ impl Config {
 
     /// The model path of agent `a`.
     /// Agent `a`'s adapter directory, if the config gives one.
+    /// Agent `a`'s device: its `[[agents]]` entry's, else the run's.
+    pub fn agent_device(&self, a: usize) -> DeviceChoice {
+        self.agents
+            .get(a)
+            .and_then(|agent| agent.device)
+            .unwrap_or(self.device)
+    }
+
     pub fn agent_adapter(&self, a: usize) -> Option<&str> {
         self.agents
             .get(a)
@@ -819,6 +902,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`seed` is not a table"), "{err}");
+    }
+
+    #[test]
+    fn devices_are_named_per_run_agent_and_verifier_and_opened_or_refused() {
+        let c = Config::parse(
+            "device = \"cpu\"\n[debate]\nagents = 3\n[[agents]]\n[[agents]]\ndevice = \"cuda:1\"\n\
+             [verifier]\ndevice = \"cuda\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (0..3).map(|a| c.agent_device(a)).collect::<Vec<_>>(),
+            vec![DeviceChoice::Cpu, DeviceChoice::Cuda(1), DeviceChoice::Cpu]
+        );
+        assert_eq!(c.verifier.device, Some(DeviceChoice::Cuda(0)));
+        // Written back as it was read, so a resumed run compares equal.
+        let again = Config::parse(&c.to_toml(), &[]).unwrap();
+        assert_eq!(again, c);
+        assert_eq!(Config::default().device, DeviceChoice::Auto);
+        for bad in ["gpu", "cuda:x", "cuda:-1", "CPU"] {
+            let err = Config::parse(&format!("device = \"{bad}\"\n"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("unknown device `{bad}`")) && err.contains("line 1"),
+                "{err}"
+            );
+        }
+        assert!(DeviceChoice::Cpu.open().unwrap().is_cpu());
+        if !cfg!(feature = "cuda") {
+            // Without CUDA, "auto" is the CPU and a CUDA device is a clear refusal.
+            assert!(DeviceChoice::Auto.open().unwrap().is_cpu());
+            let err = DeviceChoice::Cuda(1).open().unwrap_err().to_string();
+            assert!(
+                err.contains("cuda:1") && err.contains("built without CUDA"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct VerifierConfig {
     pub checkpoint: String,
     /// Responses scored per forward pass.
     pub batch_size: usize,
+    /// Where the verifier's tensors live; none: the run's `device`.
+    pub device: Option<super::DeviceChoice>,
     /// The most response tokens the verifier reads; longer responses keep their end (where
     /// the answer is).
     pub max_response_tokens: usize,
@@ -31,6 +33,7 @@ impl Default for VerifierConfig {
             model: String::new(),
             checkpoint: String::new(),
             batch_size: 16,
+            device: None,
             max_response_tokens: 512,
             generate: VerifierGenerateConfig::default(),
             train: VerifierTrainConfig::default(),

@@ -48,24 +48,30 @@ pub struct TeamOptions {
 }
 
 impl ModelTeam {
-    /// Loads one agent per entry of `model_paths` (each an HF folder or a GGUF file).
+    /// Loads one agent per entry of `model_paths` (each an HF folder or a GGUF file), agent
+    /// i on `devices[i]`. Agents with the same model on the same device share its weights.
     pub fn load(
         model_paths: &[std::path::PathBuf],
+        devices: &[Device],
         opts: &TeamOptions,
-        device: &Device,
     ) -> anyhow::Result<ModelTeam> {
-        let mut loaded: HashMap<&std::path::Path, (Arc<model::Base>, Arc<Voice>)> = HashMap::new();
+        if devices.len() != model_paths.len() {
+            bail!("{} devices for {} agents", devices.len(), model_paths.len());
+        }
+        type Key<'a> = (&'a std::path::Path, String);
+        let mut loaded: HashMap<Key, (Arc<model::Base>, Arc<Voice>)> = HashMap::new();
         let mut members = Vec::new();
-        for (i, path) in model_paths.iter().enumerate() {
-            if !loaded.contains_key(path.as_path()) {
+        for (i, (path, device)) in model_paths.iter().zip(devices).enumerate() {
+            let key = (path.as_path(), format!("{:?}", device.location()));
+            if !loaded.contains_key(&key) {
                 let l = model::load(path, opts.dtype, device).with_context(|| {
                     format!("loading the model of agent {i} from {}", path.display())
                 })?;
                 let (base, voice) =
                     split(l).with_context(|| format!("model {}", path.display()))?;
-                loaded.insert(path, (Arc::new(base), Arc::new(voice)));
+                loaded.insert(key.clone(), (Arc::new(base), Arc::new(voice)));
             }
-            let (base, voice) = loaded[path.as_path()].clone();
+            let (base, voice) = loaded[&key].clone();
             members.push(Member {
                 agent: Agent::new(base),
                 voice,

@@ -151,9 +151,10 @@ impl VerifierModel {
     pub fn base(
         path: &Path,
         dtype: DType,
+        device: &Device,
         max_response_tokens: usize,
     ) -> anyhow::Result<(Agent, Prompter)> {
-        let loaded = crate::model::load(path, dtype, &Device::Cpu)
+        let loaded = crate::model::load(path, dtype, device)
             .with_context(|| format!("loading the verifier's base model {}", path.display()))?;
         let tokenizer = loaded
             .tokenizer
@@ -169,7 +170,12 @@ impl VerifierModel {
 
     /// A trained verifier: base `model` plus the adapter and head in `checkpoint`; responses
     /// are cut to the length it was trained with (`verifier.json`).
-    pub fn load(model: &Path, checkpoint: &Path, dtype: DType) -> anyhow::Result<VerifierModel> {
+    pub fn load(
+        model: &Path,
+        checkpoint: &Path,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<VerifierModel> {
         if !checkpoint.is_dir() {
             bail!(
                 "verifier.checkpoint: {} is not a directory (expected a `maporl verifier \
@@ -179,7 +185,7 @@ impl VerifierModel {
         }
         let meta = read_meta(checkpoint)?;
         // Responses are cut as in training, or the scores would mean something else.
-        let (mut agent, prompter) = Self::base(model, dtype, meta.max_response_tokens)?;
+        let (mut agent, prompter) = Self::base(model, dtype, device, meta.max_response_tokens)?;
         let hidden = agent.base.config().hidden_size;
         if meta.hidden_size != hidden {
             bail!(
@@ -196,7 +202,7 @@ impl VerifierModel {
                 .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
         );
         agent.value_head = Some(
-            ValueHead::load(&checkpoint.join(HEAD_FILE), hidden, dtype, &Device::Cpu)
+            ValueHead::load(&checkpoint.join(HEAD_FILE), hidden, dtype, device)
                 .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
         );
         Ok(VerifierModel { agent, prompter })
@@ -319,10 +325,11 @@ impl LearnedVerifier {
         model: &Path,
         checkpoint: &Path,
         dtype: DType,
+        device: &Device,
         batch_size: usize,
     ) -> anyhow::Result<LearnedVerifier> {
         let sha256 = checkpoint_sha256(checkpoint)?;
-        let model = VerifierModel::load(model, checkpoint, dtype)?;
+        let model = VerifierModel::load(model, checkpoint, dtype, device)?;
         Ok(LearnedVerifier {
             model: Mutex::new(model),
             batch_size,
@@ -344,10 +351,16 @@ impl LearnedVerifier {
             &v.model
         };
         let dtype = config.model.candle_dtype();
+        let device = v
+            .device
+            .unwrap_or(config.device)
+            .open()
+            .context("verifier.device")?;
         Self::load(
             &expand_home(model),
             &expand_home(&v.checkpoint),
             dtype,
+            &device,
             v.batch_size,
         )
         .context("in the config's [verifier] section")

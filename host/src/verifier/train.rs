@@ -42,6 +42,8 @@ pub struct TrainOptions {
     pub max_response_tokens: usize,
     pub seed: u64,
     pub dtype: DType,
+    /// Where the verifier's tensors live.
+    pub device: Device,
     /// Continue from the run's latest checkpoint.
     pub resume: bool,
     /// Checkpoint and stop after this many steps (for tests and staged runs).
@@ -144,8 +146,12 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         );
     }
 
-    let (mut agent, prompter) =
-        VerifierModel::base(&opts.model, opts.dtype, opts.max_response_tokens)?;
+    let (mut agent, prompter) = VerifierModel::base(
+        &opts.model,
+        opts.dtype,
+        &opts.device,
+        opts.max_response_tokens,
+    )?;
     let hidden = agent.base.config().hidden_size;
     agent.lora = Some(Lora::new(
         &agent.base,
@@ -159,7 +165,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
     agent.value_head = Some(ValueHead::new(
         hidden,
         opts.dtype,
-        &Device::Cpu,
+        &opts.device,
         opts.seed ^ 0xbead,
     )?);
     let model = VerifierModel { agent, prompter };
@@ -275,7 +281,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             .iter()
             .map(|&i| f32::from(u8::from(labels[i])))
             .collect();
-        let y = Tensor::from_vec(y, (batch.len(), 1), &Device::Cpu)?;
+        let y = Tensor::from_vec(y, (batch.len(), 1), model.agent.base.device())?;
         let out = model.response_logits(&pairs, Pass::Training)?;
         let z = out.logits.to_dtype(DType::F32)?;
         let loss = if t.loss == "last-token" {
@@ -425,7 +431,12 @@ fn restore(
             .with_context(|| format!("{}: the adapter lacks `{name}`", dir.display()))?;
         var.set(t.as_tensor())?;
     }
-    let head = ValueHead::load(&dir.join(HEAD_FILE), hidden, dtype, &Device::Cpu)?;
+    let head = ValueHead::load(
+        &dir.join(HEAD_FILE),
+        hidden,
+        dtype,
+        model.agent.base.device(),
+    )?;
     let mine = model
         .agent
         .value_head
