@@ -123,19 +123,25 @@ fn eval_writes_config_transcripts_and_metrics_and_is_deterministic() {
     );
 }
 
-#[test]
-fn a_plugin_failure_stops_the_run_or_drops_the_task() {
+/// Two tasks, the second of which (`jsonl-2`, question `mode`) makes the hostile plugin in
+/// `world` ("protocol" or "verifier") fail. With `on_plugin_error = "stop"` the run exits 1
+/// with an error holding every one of `needles`; with "drop-task" it succeeds, says it
+/// dropped that task, and reports the other.
+fn fails_its_task(world: &str, mode: &str, needles: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("tasks.jsonl");
     std::fs::write(
         &data,
-        "{\"q\": \"What is 2 + 2?\", \"a\": \"4\"}\n{\"q\": \"nan\", \"a\": \"1\"}\n",
+        format!(
+            "{{\"q\": \"What is 2 + 2?\", \"a\": \"4\"}}\n{{\"q\": \"{mode}\", \"a\": \"1\"}}\n"
+        ),
     )
     .unwrap();
-    let verifier = format!(
-        "plugins.verifier.path={}",
-        plugin("hostile_verifier").display()
+    let path = format!(
+        "plugins.{world}.path={}",
+        plugin(&format!("hostile_{world}")).display()
     );
+    let settings = format!("plugins.{world}.settings={{}}");
     let source = format!("data.path={}", data.display());
     let common = [
         "--set",
@@ -147,76 +153,19 @@ fn a_plugin_failure_stops_the_run_or_drops_the_task() {
         "--set",
         "data.fields={question = \"q\", reference = \"a\"}",
         "--set",
-        &verifier,
+        &path,
         "--set",
-        "plugins.verifier.settings={}",
-    ];
-    let stop = eval(&dir.path().join("stop"), &common);
-    assert_eq!(stop.status.code(), Some(1));
-    let err = text(&stop);
-    assert!(
-        err.contains("hostile_verifier.wasm") && err.contains("`score`") && err.contains("jsonl-2"),
-        "{err}"
-    );
-    assert!(err.contains("NaN"), "{err}");
-
-    let mut drop = common.to_vec();
-    drop.extend_from_slice(&["--set", "debate.on_plugin_error=drop-task"]);
-    let out = eval(&dir.path().join("drop"), &drop);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("dropped task jsonl-2"),
-        "{}",
-        text(&out)
-    );
-    let report: maporl::eval::Report =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("drop/eval.json")).unwrap())
-            .unwrap();
-    assert_eq!((report.tasks, report.dropped), (1, 1));
-}
-
-/// A prompt under the byte bound but past the model's context is the protocol's failure on
-/// that task, found before generation: the run stops naming the plugin, call and task, or
-/// drops that task and answers the others.
-#[test]
-fn a_prompt_past_the_models_context_fails_its_task_not_the_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("tasks.jsonl");
-    std::fs::write(
-        &data,
-        "{\"q\": \"What is 2 + 2?\", \"a\": \"4\"}\n{\"q\": \"long-prompt\", \"a\": \"1\"}\n",
-    )
-    .unwrap();
-    let protocol = format!(
-        "plugins.protocol.path={}",
-        plugin("hostile_protocol").display()
-    );
-    let source = format!("data.path={}", data.display());
-    let common = [
-        "--set",
-        "data.source=jsonl",
-        "--set",
-        &source,
-        "--set",
-        "data.count=0",
-        "--set",
-        "data.fields={question = \"q\", reference = \"a\"}",
-        "--set",
-        &protocol,
-        "--set",
-        "plugins.protocol.settings={}",
+        &settings,
     ];
     let stop = eval(&dir.path().join("stop"), &common);
     assert_eq!(stop.status.code(), Some(1), "{}", text(&stop));
     let err = text(&stop);
     for needle in [
-        "hostile_protocol.wasm",
-        "`plan-turn`",
-        "jsonl-2",
-        "max_position_embeddings",
-        "8192",
-        "generation.max_new_tokens",
-    ] {
+        &[format!("hostile_{world}.wasm").as_str(), "jsonl-2"][..],
+        needles,
+    ]
+    .concat()
+    {
         assert!(err.contains(needle), "{needle}: {err}");
     }
 
@@ -233,6 +182,28 @@ fn a_prompt_past_the_models_context_fails_its_task_not_the_batch() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("drop/eval.json")).unwrap())
             .unwrap();
     assert_eq!((report.tasks, report.dropped), (1, 1));
+}
+
+#[test]
+fn a_plugin_failure_stops_the_run_or_drops_the_task() {
+    fails_its_task("verifier", "nan", &["`score`", "NaN"]);
+}
+
+/// A prompt under the byte bound but past the model's context is the protocol's failure on
+/// that task, found before generation: the run stops naming the plugin, call and task, or
+/// drops that task and answers the others.
+#[test]
+fn a_prompt_past_the_models_context_fails_its_task_not_the_batch() {
+    fails_its_task(
+        "protocol",
+        "long-prompt",
+        &[
+            "`plan-turn`",
+            "max_position_embeddings",
+            "8192",
+            "generation.max_new_tokens",
+        ],
+    );
 }
 
 #[test]
