@@ -23,11 +23,12 @@ PY="$ROOT/scripts/bench_vs_torch.py"
 OUT="${BENCH_OUT:-$(mktemp -d /tmp/maporl-bench.XXXXXX)}"
 mkdir -p "$OUT"
 
-# 1. PyTorch + transformers (+ gguf to read the GGUF) in a venv, reused if present.
-if ! "$VENV/bin/python" -c 'import torch, transformers, gguf, numpy' 2>/dev/null; then
-    echo "installing torch, transformers, gguf into $VENV (several minutes, a few GB)" >&2
+# 1. PyTorch + transformers (+ gguf and accelerate, which transformers needs to read a GGUF)
+#    in a venv, reused if present.
+if ! "$VENV/bin/python" -c 'import torch, transformers, gguf, numpy, accelerate' 2>/dev/null; then
+    echo "installing torch, transformers, gguf, accelerate into $VENV (several minutes, a few GB)" >&2
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers gguf numpy
+    "$VENV/bin/pip" install --quiet torch transformers gguf numpy accelerate
 fi
 
 # 2. Models.
