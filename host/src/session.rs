@@ -162,7 +162,7 @@ fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
         let device = choice
             .open()
             .with_context(|| format!("the device of agent {a}"))?;
-        told.push(format!("agent {a} on {} ({choice})", name(&device)));
+        told.push(format!("agent {a} on {} ({choice})", device_name(&device)));
         devices.push(device);
     }
     eprintln!("devices: {}", told.join(", "));
@@ -170,7 +170,7 @@ fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
 }
 
 /// "cpu" or "cuda:N".
-pub fn name(device: &Device) -> String {
+pub fn device_name(device: &Device) -> String {
     match device.location() {
         candle_core::DeviceLocation::Cpu => "cpu".into(),
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
