@@ -42,7 +42,7 @@ fn main() {
             for p in [
                 "plugins/Cargo.toml",
                 "plugins/Cargo.lock",
-                "plugins/common",
+                "plugins/sdk",
                 "plugins/protocols",
                 "plugins/verifiers",
                 "plugins/shapers",

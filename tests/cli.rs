@@ -159,9 +159,9 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
         let out = maporl(&["plugin", "new", kind, name, "--path", dir.to_str().unwrap()]);
         assert!(out.status.success(), "{}", stderr(&out));
         assert_eq!(
-            std::fs::read_to_string(dir.join("wit/maporl.wit")).unwrap(),
+            std::fs::read_to_string(dir.join("vendor/maporl-plugin/wit/maporl.wit")).unwrap(),
             maporl::plugin::WIT,
-            "the scaffold carries the host's WIT"
+            "the scaffold vendors the SDK with the host's WIT"
         );
         let cargo = |args: &[&str]| {
             let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -184,6 +184,46 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
         ));
         let out = maporl(&["plugin", "check", wasm.to_str().unwrap(), "--world", world]);
         assert!(out.status.success(), "{}", stderr(&out));
+        if kind == "verifier" {
+            // The SDK's glue in a real component: typed settings reach the plugin, and a
+            // misspelt key fails `configure` by name.
+            let call = |func: &str, input: &str| {
+                maporl(&[
+                    "plugin",
+                    "call",
+                    wasm.to_str().unwrap(),
+                    func,
+                    "--input",
+                    input,
+                ])
+            };
+            let task = r#""task": {"id": "t", "kind": "qa", "question": "q", "reference": "Paris", "fields": []}"#;
+            let responses = r#""responses": ["\\boxed{paris}"]"#;
+            let strict = call("score", &format!("{{{task}, {responses}}}"));
+            assert!(
+                stdout(&strict).contains(r#""correct": false"#),
+                "{}",
+                stderr(&strict)
+            );
+            let lenient = call(
+                "score",
+                &format!(r#"{{"settings": {{"ignore_case": true}}, {task}, {responses}}}"#),
+            );
+            assert!(
+                stdout(&lenient).contains(r#""correct": true"#),
+                "{}",
+                stderr(&lenient)
+            );
+            let typo = call("configure", r#"{"settings": {"ignore_cas": true}}"#);
+            assert!(!typo.status.success());
+            assert!(
+                stderr(&typo).contains(
+                    "my-verifier: unknown setting `ignore_cas` (did you mean `ignore_case`?)"
+                ),
+                "{}",
+                stderr(&typo)
+            );
+        }
     }
     let again = maporl(&[
         "plugin",

@@ -163,6 +163,33 @@ fn templates(kind: Kind) -> [(&'static str, &'static str); 4] {
     }
 }
 
+/// The plugin SDK (`plugins/sdk`), as `plugin new` vendors it: its own files, with the
+/// host's WIT beside them in `wit/` (in the repository the SDK reads the top-level `wit/`).
+fn sdk_files() -> Vec<(&'static str, String)> {
+    macro_rules! sdk {
+        ($($file:literal),*) => {
+            vec![$(($file, include_str!(concat!("../../../plugins/sdk/", $file)).to_string())),*]
+        };
+    }
+    let mut files = sdk!(
+        "Cargo.toml",
+        "README.md",
+        "src/lib.rs",
+        "src/answers.rs",
+        "src/prompts.rs",
+        "src/settings.rs",
+        "src/transcript.rs",
+        "src/vote.rs"
+    );
+    for (file, text) in &mut files {
+        if *file == "src/lib.rs" {
+            *text = text.replace(r#"path: "../../wit""#, r#"path: "wit""#);
+        }
+    }
+    files.push(("wit/maporl.wit", plugin::WIT.to_string()));
+    files
+}
+
 /// Writes a new plugin crate for `kind` named `name` into `dir`, with the host's WIT.
 pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     let valid = !name.is_empty()
@@ -194,9 +221,12 @@ pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
             .replace("{{lib_name}}", &lib_name);
         std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
     }
-    let wit = dir.join("wit/maporl.wit");
-    std::fs::create_dir_all(wit.parent().expect("wit/ is a directory"))?;
-    std::fs::write(&wit, plugin::WIT).with_context(|| format!("writing {}", wit.display()))?;
+    for (file, text) in sdk_files() {
+        let target = dir.join("vendor/maporl-plugin").join(file);
+        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    }
     Ok(())
 }
 
@@ -305,4 +335,28 @@ fn call(file: &Path, func: &str, input: &str) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(&output)?);
     eprintln!("fuel used: {fuel}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vendored_sdk_reads_its_own_copy_of_the_wit() {
+        let files = sdk_files();
+        let lib = &files.iter().find(|(f, _)| *f == "src/lib.rs").unwrap().1;
+        assert_eq!(lib.matches(r#"path: "wit""#).count(), 3, "one per world");
+        assert!(!lib.contains("../"), "nothing outside the vendored crate");
+        let wit = &files
+            .iter()
+            .find(|(f, _)| *f == "wit/maporl.wit")
+            .unwrap()
+            .1;
+        assert_eq!(wit, plugin::WIT);
+        let manifest = &files.iter().find(|(f, _)| *f == "Cargo.toml").unwrap().1;
+        assert!(
+            !manifest.contains(".workspace"),
+            "the SDK's manifest must stand alone"
+        );
+    }
 }

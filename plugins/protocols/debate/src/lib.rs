@@ -12,13 +12,12 @@
 //! - `peers` (u32, all): show at most this many other agents, cyclically from agent a+1;
 //! - `system` (string, none): a system prompt.
 
-use maporl_plugin_common::prompts::{debate_messages, DebateView};
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::transcript::{at_turn, check, check_turn, find};
-use maporl_plugin_common::vote::majority;
-use maporl_plugin_common::{Prompt, Task, Transcript};
+use maporl_plugin::prompts::{debate_messages, DebateView};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::transcript::{at_turn, check, check_turn, find};
+use maporl_plugin::vote::majority;
+use maporl_plugin::{Prompt, Protocol, Task, Transcript};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "debate";
@@ -91,44 +90,45 @@ pub fn decide(turn: u32, transcript: &Transcript) -> Result<Vec<String>, String>
     ))
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "protocol",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The debate protocol.
+pub struct Debate {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
+impl Protocol for Debate {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
+
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
+    }
+
+    fn plan_turn(
+        &self,
+        task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<Prompt>, String> {
+        plan(&self.settings, task, turn, transcript)
+    }
+
+    fn decide(
+        &self,
+        _task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<String>, String> {
+        decide(turn, transcript)
+    }
 }
 
-struct Debate;
-
-impl bindings::exports::maporl::plugin::collaboration::Guest for Debate {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
-    }
-
-    fn plan_turn(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<Prompt>, String> {
-        SETTINGS.with(|s| plan(&s.borrow(), &task, turn, &transcript))
-    }
-
-    fn decide(_task: Task, turn: u32, transcript: Transcript) -> Result<Vec<String>, String> {
-        decide(turn, &transcript)
-    }
-}
-
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Debate with_types_in bindings);
+maporl_plugin::export_protocol!(Debate);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{task, transcript, utt};
-    use maporl_plugin_common::Role;
+    use maporl_plugin::testing::{task, transcript, utt};
+    use maporl_plugin::Role;
 
     fn gsm() -> Task {
         task("gsm8k", "What is 2+2?", "4")

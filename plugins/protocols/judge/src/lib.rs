@@ -11,16 +11,15 @@
 //!   view included);
 //! - `system` (string, none): a system prompt for every agent.
 
-use maporl_plugin_common::prompts::{
+use maporl_plugin::prompts::{
     answer_format, debate_messages, message, question_block, render_shown, system_message,
     DebateView, Shown,
 };
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::transcript::{at_turn, check, check_turn, find, latest};
-use maporl_plugin_common::vote::majority;
-use maporl_plugin_common::{Prompt, Role, Task, Transcript};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::transcript::{at_turn, check, check_turn, find, latest};
+use maporl_plugin::vote::majority;
+use maporl_plugin::{Prompt, Protocol, Role, Task, Transcript};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "judge";
@@ -180,43 +179,44 @@ pub fn decide(
     Ok(verdict.answer.iter().cloned().collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "protocol",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The judge protocol.
+pub struct Judge {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
+impl Protocol for Judge {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
+
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
+    }
+
+    fn plan_turn(
+        &self,
+        task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<Prompt>, String> {
+        plan(&self.settings, task, turn, transcript)
+    }
+
+    fn decide(
+        &self,
+        _task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<String>, String> {
+        decide(&self.settings, turn, transcript)
+    }
 }
 
-struct Judge;
-
-impl bindings::exports::maporl::plugin::collaboration::Guest for Judge {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
-    }
-
-    fn plan_turn(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<Prompt>, String> {
-        SETTINGS.with(|s| plan(&s.borrow(), &task, turn, &transcript))
-    }
-
-    fn decide(_task: Task, turn: u32, transcript: Transcript) -> Result<Vec<String>, String> {
-        SETTINGS.with(|s| decide(&s.borrow(), turn, &transcript))
-    }
-}
-
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Judge with_types_in bindings);
+maporl_plugin::export_protocol!(Judge);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{task, transcript, utt};
+    use maporl_plugin::testing::{task, transcript, utt};
 
     fn debate() -> Transcript {
         transcript(

@@ -7,15 +7,14 @@
 //! - `show_scores` (bool, false): show each earlier answer's verifier score;
 //! - `system` (string, none): a system prompt.
 
-use maporl_plugin_common::prompts::{
+use maporl_plugin::prompts::{
     answer_format, first_turn_prompt, message, render_shown, system_message, Shown,
 };
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::transcript::{check, check_turn, latest};
-use maporl_plugin_common::vote::majority;
-use maporl_plugin_common::{Prompt, Role, Task, Transcript};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::transcript::{check, check_turn, latest};
+use maporl_plugin::vote::majority;
+use maporl_plugin::{Prompt, Protocol, Role, Task, Transcript};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "round-robin";
@@ -103,43 +102,44 @@ pub fn decide(turn: u32, transcript: &Transcript) -> Result<Vec<String>, String>
     ))
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "protocol",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The round-robin protocol.
+pub struct RoundRobin {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
+impl Protocol for RoundRobin {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
+
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
+    }
+
+    fn plan_turn(
+        &self,
+        task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<Prompt>, String> {
+        plan(&self.settings, task, turn, transcript)
+    }
+
+    fn decide(
+        &self,
+        _task: &Task,
+        turn: u32,
+        transcript: &Transcript,
+    ) -> Result<Vec<String>, String> {
+        decide(turn, transcript)
+    }
 }
 
-struct RoundRobin;
-
-impl bindings::exports::maporl::plugin::collaboration::Guest for RoundRobin {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
-    }
-
-    fn plan_turn(task: Task, turn: u32, transcript: Transcript) -> Result<Vec<Prompt>, String> {
-        SETTINGS.with(|s| plan(&s.borrow(), &task, turn, &transcript))
-    }
-
-    fn decide(_task: Task, turn: u32, transcript: Transcript) -> Result<Vec<String>, String> {
-        decide(turn, &transcript)
-    }
-}
-
-#[cfg(target_arch = "wasm32")]
-bindings::export!(RoundRobin with_types_in bindings);
+maporl_plugin::export_protocol!(RoundRobin);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{task, transcript, utt};
+    use maporl_plugin::testing::{task, transcript, utt};
 
     fn q() -> Task {
         task("arith", "3*4?", "12")

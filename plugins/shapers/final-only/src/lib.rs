@@ -7,11 +7,10 @@
 //!   then uses its latest score;
 //! - `last_turn_only` (bool, false): reward only the final turn's utterances.
 
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::transcript::{check, last_turn, latest, mean_score};
-use maporl_plugin_common::{reward, Reward, Task, Transcript};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::transcript::{check, last_turn, latest, mean_score};
+use maporl_plugin::{reward, Reward, RewardShaper, Task, Transcript};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "final-only";
@@ -66,39 +65,30 @@ pub fn shape(settings: &Settings, transcript: &Transcript) -> Result<Vec<Reward>
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "reward-shaper",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The final-only reward shaper.
+pub struct FinalOnly {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
-}
+impl RewardShaper for FinalOnly {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-struct FinalOnly;
-
-impl bindings::exports::maporl::plugin::reward_shaping::Guest for FinalOnly {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
     }
 
-    fn shape(_task: Task, transcript: Transcript) -> Result<Vec<Reward>, String> {
-        SETTINGS.with(|s| shape(&s.borrow(), &transcript))
+    fn shape(&self, _task: &Task, transcript: &Transcript) -> Result<Vec<Reward>, String> {
+        shape(&self.settings, transcript)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(FinalOnly with_types_in bindings);
+maporl_plugin::export_reward_shaper!(FinalOnly);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{transcript, utt};
+    use maporl_plugin::testing::{transcript, utt};
 
     fn debate() -> Transcript {
         transcript(

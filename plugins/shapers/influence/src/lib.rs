@@ -31,11 +31,10 @@
 //! t < T, with f = the fraction of the other agents that went wrong -> right between t and
 //! t+1, the utterance earns beta_1 * f if a was right at t, beta_0 * f if it was wrong.
 
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::transcript::{at_turn, check, find, last_turn, mean_score};
-use maporl_plugin_common::{reward, Reward, Task, Transcript, Utterance};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::transcript::{at_turn, check, find, last_turn, mean_score};
+use maporl_plugin::{reward, Reward, RewardShaper, Task, Transcript, Utterance};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "influence";
@@ -116,13 +115,19 @@ impl Settings {
     /// Parses and validates the `configure` document.
     pub fn parse(json: &str) -> Result<Self, String> {
         let s: Settings = parse_settings(PLUGIN, json)?;
-        if !(0.0..=1.0).contains(&s.gamma) {
+        s.check()?;
+        Ok(s)
+    }
+
+    /// The checks serde cannot express.
+    pub fn check(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.gamma) {
             return Err(format!(
                 "{PLUGIN}: setting `gamma` must be in [0, 1], got {}",
-                s.gamma
+                self.gamma
             ));
         }
-        Ok(s)
+        Ok(())
     }
 }
 
@@ -248,39 +253,31 @@ pub fn shape(settings: &Settings, transcript: &Transcript) -> Result<Vec<Reward>
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "reward-shaper",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The influence reward shaper.
+pub struct Influence {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
-}
+impl RewardShaper for Influence {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-struct Influence;
-
-impl bindings::exports::maporl::plugin::reward_shaping::Guest for Influence {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
+    fn new(settings: Settings) -> Result<Self, String> {
+        settings.check()?;
+        Ok(Self { settings })
     }
 
-    fn shape(_task: Task, transcript: Transcript) -> Result<Vec<Reward>, String> {
-        SETTINGS.with(|s| shape(&s.borrow(), &transcript))
+    fn shape(&self, _task: &Task, transcript: &Transcript) -> Result<Vec<Reward>, String> {
+        shape(&self.settings, transcript)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Influence with_types_in bindings);
+maporl_plugin::export_reward_shaper!(Influence);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::transcript;
+    use maporl_plugin::testing::transcript;
 
     fn u(turn: u32, agent: u32, score: f32, correct: bool) -> Utterance {
         Utterance {

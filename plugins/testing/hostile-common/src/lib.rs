@@ -21,7 +21,7 @@
 //!
 //! Any other mode: the fixture behaves (or applies a world-specific misbehaviour).
 
-use maporl_plugin_common::settings::parse_settings;
+use maporl_plugin::settings::parse_settings;
 use serde::Deserialize;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

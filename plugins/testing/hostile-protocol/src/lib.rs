@@ -3,9 +3,9 @@
 //! as the only message, and `decide` returns the first agent's answer at the turn.
 
 use maporl_hostile_common::{misbehave, Outcome};
-use maporl_plugin_common::prompts::message;
-use maporl_plugin_common::transcript::at_turn;
-use maporl_plugin_common::{Prompt, Role, Task, Transcript};
+use maporl_plugin::prompts::message;
+use maporl_plugin::transcript::at_turn;
+use maporl_plugin::{Prompt, Role, Task, Transcript};
 
 /// The fixture's name in messages.
 pub const PLUGIN: &str = "hostile-protocol";
@@ -82,7 +82,7 @@ mod bindings {
     wit_bindgen::generate!({
         world: "protocol",
         path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
+        with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types },
     });
 }
 
@@ -133,7 +133,7 @@ bindings::export!(Hostile with_types_in bindings);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{task, transcript, utt};
+    use maporl_plugin::testing::{task, transcript, utt};
 
     #[test]
     fn behaves_normally_on_other_questions() {

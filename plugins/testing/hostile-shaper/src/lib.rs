@@ -3,7 +3,7 @@
 //! part ("score", score).
 
 use maporl_hostile_common::{misbehave, Outcome};
-use maporl_plugin_common::{Reward, Task, Transcript};
+use maporl_plugin::{Reward, Task, Transcript};
 
 /// The fixture's name in messages.
 pub const PLUGIN: &str = "hostile-shaper";
@@ -65,7 +65,7 @@ mod bindings {
     wit_bindgen::generate!({
         world: "reward-shaper",
         path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
+        with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types },
     });
 }
 
@@ -105,7 +105,7 @@ bindings::export!(Hostile with_types_in bindings);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::{task, transcript, utt};
+    use maporl_plugin::testing::{task, transcript, utt};
 
     fn tr() -> Transcript {
         transcript(

@@ -3,7 +3,7 @@
 //! scored 1 when it equals the trimmed reference.
 
 use maporl_hostile_common::{misbehave, Outcome};
-use maporl_plugin_common::{Task, Verdict};
+use maporl_plugin::{Task, Verdict};
 
 /// The fixture's name in messages.
 pub const PLUGIN: &str = "hostile-verifier";
@@ -64,7 +64,7 @@ mod bindings {
     wit_bindgen::generate!({
         world: "verifier",
         path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
+        with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types },
     });
 }
 
@@ -149,7 +149,7 @@ bindings::export!(Hostile with_types_in bindings);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::task;
+    use maporl_plugin::testing::task;
 
     fn texts() -> Vec<String> {
         vec![" 4 ".to_string(), "5".to_string(), "  ".to_string()]

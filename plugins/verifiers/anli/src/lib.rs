@@ -5,9 +5,9 @@
 //!
 //! Settings: none (`{}`).
 
-use maporl_plugin_common::answers::{nli_label, nli_reference};
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::{Task, Verdict};
+use maporl_plugin::answers::{nli_label, nli_reference};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::{Task, Verdict, Verifier};
 use serde::Deserialize;
 
 /// The plugin's name in error messages.
@@ -53,37 +53,32 @@ pub fn score(task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> 
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "verifier",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
-}
+/// The ANLI verifier.
+pub struct Anli;
 
-struct Anli;
+impl Verifier for Anli {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-impl bindings::exports::maporl::plugin::verification::Guest for Anli {
-    fn configure(settings: String) -> Result<(), String> {
-        Settings::parse(&settings).map(|_| ())
+    fn new(_settings: Settings) -> Result<Self, String> {
+        Ok(Self)
     }
 
-    fn extract(_task: Task, text: String) -> Result<Option<String>, String> {
-        Ok(nli_label(&text).map(str::to_string))
+    fn extract(&self, _task: &Task, text: &str) -> Result<Option<String>, String> {
+        Ok(nli_label(text).map(str::to_string))
     }
 
-    fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
-        score(&task, &responses)
+    fn score(&self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> {
+        score(task, responses)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Anli with_types_in bindings);
+maporl_plugin::export_verifier!(Anli);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::task;
+    use maporl_plugin::testing::task;
 
     #[test]
     fn scores_against_short_and_long_references() {

@@ -8,11 +8,10 @@
 //! - `extract` ("boxed" | "answer-line" | "whole", "boxed"): where the answer is read;
 //! - `strip_articles` (bool, false): drop the words "a", "an" and "the".
 
-use maporl_plugin_common::answers::{answer_line, last_boxed, normalize};
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::{Task, Verdict};
+use maporl_plugin::answers::{answer_line, last_boxed, normalize};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::{Task, Verdict, Verifier};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "exact-match";
@@ -87,43 +86,34 @@ pub fn score(
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "verifier",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The exact-match verifier.
+pub struct ExactMatch {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
-}
+impl Verifier for ExactMatch {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-struct ExactMatch;
-
-impl bindings::exports::maporl::plugin::verification::Guest for ExactMatch {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
     }
 
-    fn extract(_task: Task, text: String) -> Result<Option<String>, String> {
-        Ok(SETTINGS.with(|s| extract(&s.borrow(), &text)))
+    fn extract(&self, _task: &Task, text: &str) -> Result<Option<String>, String> {
+        Ok(extract(&self.settings, text))
     }
 
-    fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
-        SETTINGS.with(|s| score(&s.borrow(), &task, &responses))
+    fn score(&self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> {
+        score(&self.settings, task, responses)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(ExactMatch with_types_in bindings);
+maporl_plugin::export_verifier!(ExactMatch);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::task;
+    use maporl_plugin::testing::task;
 
     fn with(extract: Extract, strip_articles: bool) -> Settings {
         Settings {

@@ -12,11 +12,10 @@
 //! A `\boxed{}` is authoritative: when the response has one, its content alone decides
 //! (an unparseable box is invalid, the fall-backs are not tried).
 
-use maporl_plugin_common::answers::{after_last_hashes, last_boxed, last_number, parse_integer};
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::{Task, Verdict};
+use maporl_plugin::answers::{after_last_hashes, last_boxed, last_number, parse_integer};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::{Task, Verdict, Verifier};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "gsm8k";
@@ -86,45 +85,34 @@ pub fn score(
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "verifier",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The GSM8K verifier.
+pub struct Gsm8k {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
-}
+impl Verifier for Gsm8k {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-struct Gsm8k;
-
-impl bindings::exports::maporl::plugin::verification::Guest for Gsm8k {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
+    fn new(settings: Settings) -> Result<Self, String> {
+        Ok(Self { settings })
     }
 
-    fn extract(_task: Task, text: String) -> Result<Option<String>, String> {
-        Ok(SETTINGS
-            .with(|s| extract(&s.borrow(), &text))
-            .map(|n| n.to_string()))
+    fn extract(&self, _task: &Task, text: &str) -> Result<Option<String>, String> {
+        Ok(extract(&self.settings, text).map(|n| n.to_string()))
     }
 
-    fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
-        SETTINGS.with(|s| score(&s.borrow(), &task, &responses))
+    fn score(&self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> {
+        score(&self.settings, task, responses)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Gsm8k with_types_in bindings);
+maporl_plugin::export_verifier!(Gsm8k);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::task;
+    use maporl_plugin::testing::task;
 
     fn strict() -> Settings {
         Settings::default()

@@ -16,11 +16,10 @@
 //! `configure` fails when the run has no learned verifier (`[verifier] checkpoint`), so
 //! such a run stops at start-up with the host's explanation.
 
-use maporl_plugin_common::answers::{last_boxed, nli_label, nli_reference, parse_integer};
-use maporl_plugin_common::settings::parse_settings;
-use maporl_plugin_common::{Task, Verdict};
+use maporl_plugin::answers::{last_boxed, nli_label, nli_reference, parse_integer};
+use maporl_plugin::settings::parse_settings;
+use maporl_plugin::{host, Task, Verdict, Verifier};
 use serde::Deserialize;
-use std::cell::RefCell;
 
 /// The plugin's name in error messages.
 pub const PLUGIN: &str = "learned";
@@ -47,19 +46,25 @@ impl Settings {
     /// Parses the `configure` document.
     pub fn parse(json: &str) -> Result<Self, String> {
         let s: Settings = parse_settings(PLUGIN, json)?;
-        if !["auto", "integer", "label"].contains(&s.answers.as_str()) {
+        s.check()?;
+        Ok(s)
+    }
+
+    /// The checks serde cannot express.
+    pub fn check(&self) -> Result<(), String> {
+        if !["auto", "integer", "label"].contains(&self.answers.as_str()) {
             return Err(format!(
                 "{PLUGIN}: settings.answers = {:?}: expected \"auto\", \"integer\" or \"label\"",
-                s.answers
+                self.answers
             ));
         }
-        if !(0.0..=1.0).contains(&s.invalid_score) {
+        if !(0.0..=1.0).contains(&self.invalid_score) {
             return Err(format!(
                 "{PLUGIN}: settings.invalid_score = {}: expected a score in [0, 1]",
-                s.invalid_score
+                self.invalid_score
             ));
         }
-        Ok(s)
+        Ok(())
     }
 
     fn labels(&self, task: &Task) -> bool {
@@ -155,52 +160,40 @@ pub fn score(
         .collect())
 }
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "verifier",
-        path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin_common::wit::types },
-    });
+/// The learned verifier.
+pub struct Learned {
+    settings: Settings,
 }
 
-thread_local! {
-    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
-}
+impl Verifier for Learned {
+    const NAME: &'static str = PLUGIN;
+    type Settings = Settings;
 
-struct Learned;
-
-impl bindings::exports::maporl::plugin::verification::Guest for Learned {
-    fn configure(settings: String) -> Result<(), String> {
-        let parsed = Settings::parse(&settings)?;
+    fn new(settings: Settings) -> Result<Self, String> {
+        settings.check()?;
         // An empty question asks nothing of the model: it only checks that the run has a
         // learned verifier, so that a run without one stops before any generation.
-        bindings::maporl::plugin::host::judge("", &[]).map_err(|e| {
+        host::judge("", &[]).map_err(|e| {
             format!("{PLUGIN}: this verifier needs the run's learned verifier: {e}")
         })?;
-        SETTINGS.with(|s| *s.borrow_mut() = parsed);
-        Ok(())
+        Ok(Self { settings })
     }
 
-    fn extract(task: Task, text: String) -> Result<Option<String>, String> {
-        Ok(SETTINGS.with(|s| extract(&s.borrow(), &task, &text)))
+    fn extract(&self, task: &Task, text: &str) -> Result<Option<String>, String> {
+        Ok(extract(&self.settings, task, text))
     }
 
-    fn score(task: Task, responses: Vec<String>) -> Result<Vec<Verdict>, String> {
-        SETTINGS.with(|s| {
-            score(&s.borrow(), &task, &responses, |q, r| {
-                bindings::maporl::plugin::host::judge(q, r)
-            })
-        })
+    fn score(&self, task: &Task, responses: &[String]) -> Result<Vec<Verdict>, String> {
+        score(&self.settings, task, responses, host::judge)
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-bindings::export!(Learned with_types_in bindings);
+maporl_plugin::export_verifier!(Learned);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maporl_plugin_common::testing::task;
+    use maporl_plugin::testing::task;
 
     #[test]
     fn valid_answers_get_the_judges_numbers_and_invalid_ones_the_invalid_score() {
