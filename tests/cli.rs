@@ -241,3 +241,26 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
     let bad = maporl(&["plugin", "new", "verifier", "My Verifier"]);
     assert!(stderr(&bad).contains("must start with a lower-case letter"));
 }
+
+#[test]
+fn the_gpu_check_stops_at_once_without_a_gpu() {
+    let out_dir = tempfile::tempdir().unwrap();
+    for smi in ["/nonexistent/nvidia-smi", "false"] {
+        let out = Command::new("bash")
+            .arg(support::repo().join("scripts/gpu-check.sh"))
+            .env("NVIDIA_SMI", smi)
+            .env("OUT", out_dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no NVIDIA GPU here"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(
+            !out_dir.path().join("build.log").exists(),
+            "it stopped before building"
+        );
+    }
+}

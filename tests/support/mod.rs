@@ -272,3 +272,47 @@ pub fn interrupt_after_first_metrics_line(
     assert!(kill.success());
     child.wait_with_output().unwrap()
 }
+
+/// The loss of one PPO micro-batch (policy + 0.1 × value, with made-up old log-probs,
+/// advantages and returns) and the gradient of every LoRA weight, flattened in name order.
+pub fn ppo_loss_and_lora_grads(
+    agent: &maporl::model::Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+) -> (f32, Vec<f32>) {
+    use candle_core::{DType, Tensor};
+    use maporl::model::{score, Pass};
+    use maporl::train::ppo::{policy_loss, value_loss};
+    let s = score(agent, pairs, Pass::Training, 64).unwrap();
+    assert_eq!(s.logprobs.dtype(), DType::F32, "log-probs are f32");
+    let values = s.values.as_ref().unwrap();
+    assert_eq!(values.dtype(), DType::F32, "values are f32");
+    let (b, n) = s.logprobs.dims2().unwrap();
+    let old = (s.logprobs.detach() - 0.05).unwrap();
+    let adv: Vec<f32> = (0..b * n)
+        .map(|k| ((k * 37 % 11) as f32 - 5.0) / 5.0)
+        .collect();
+    let adv = Tensor::from_vec(adv, (b, n), s.logprobs.device()).unwrap();
+    let returns = (adv.clone() * 0.5).unwrap();
+    let (pg, _) = policy_loss(&s.logprobs, &old, &adv, &s.mask, 0.2).unwrap();
+    let vf = value_loss(values, &values.detach(), &returns, &s.mask, 0.2).unwrap();
+    let loss = (pg + (vf * 0.1).unwrap()).unwrap();
+    let grads = loss.backward().unwrap();
+    let cpu = candle_core::Device::Cpu;
+    let mut flat = Vec::new();
+    for (name, var) in agent.lora.as_ref().unwrap().named_vars() {
+        assert_eq!(var.dtype(), DType::F32, "{name}: the adapter stays f32");
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no grad"));
+        assert_eq!(g.dtype(), DType::F32);
+        flat.extend(
+            g.to_device(&cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+        );
+    }
+    (loss.to_scalar::<f32>().unwrap(), flat)
+}

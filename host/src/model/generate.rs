@@ -335,7 +335,9 @@ pub fn score(
             parts.push(lp_h.narrow(2, 0, 1)?.squeeze(2)?);
             entropy_parts.push(lp_h.narrow(2, 1, 1)?.squeeze(2)?);
         } else {
-            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            // In f32 whatever the model's dtype (as TRL does with `logits.float()`): bf16
+            // log-probs are off by up to ~0.03 nats a token, and PPO's ratios and KL sum them.
+            let lsm = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
             parts.push(lsm.gather(&tgt.unsqueeze(2)?, 2)?.squeeze(2)?);
             entropy_parts.push((lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?);
         }

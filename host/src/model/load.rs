@@ -318,3 +318,62 @@ fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<Loaded> {
         eos_token_ids: cfg.eos_token_ids.clone(),
     })
 }
+
+/// A base with random weights for `config`, the same for the same seed on every device and in
+/// every dtype: drawn in f32 on the CPU, then converted and moved. Linear weights are uniform
+/// in ±1/√fan_in, embeddings in ±1, norm weights 1 ± 0.1, biases ±0.1. For tests and
+/// benchmarks on machines that cannot download a model (scripts/gpu-check.sh).
+pub fn random(config: &Config, dtype: DType, device: &Device, seed: u64) -> Result<Base> {
+    Base::new(
+        config,
+        VarBuilder::from_backend(Box::new(RandomWeights { seed }), dtype, device.clone()),
+    )
+}
+
+struct RandomWeights {
+    seed: u64,
+}
+
+impl candle_nn::var_builder::SimpleBackend for RandomWeights {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        use rand::{Rng, SeedableRng};
+        // Each tensor's stream depends on the seed and its name only, not on load order.
+        let stream = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ stream);
+        let dims = s.dims();
+        let (offset, scale) = if name.ends_with("norm.weight") {
+            (1.0, 0.1)
+        } else if name.ends_with(".bias") {
+            (0.0, 0.1)
+        } else if name.contains("embed_tokens") {
+            (0.0, 1.0)
+        } else {
+            (0.0, 1.0 / (*dims.last().unwrap_or(&1) as f32).sqrt())
+        };
+        let v: Vec<f32> = (0..s.elem_count())
+            .map(|_| offset + rng.random_range(-scale..=scale))
+            .collect();
+        Tensor::from_vec(v, s, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(dev)
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        Err(candle_core::Error::CannotFindTensor {
+            path: name.to_string(),
+        })
+    }
+
+    fn contains_tensor(&self, _: &str) -> bool {
+        true
+    }
+}

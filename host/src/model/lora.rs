@@ -39,11 +39,14 @@ impl LoraModule {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().unwrap();
         let rows: usize = dims[..dims.len() - 1].iter().product();
-        let x2 = x.reshape((rows, in_dim))?;
+        // The adapter is f32 whatever the base's dtype (PEFT's `autocast_adapter_dtype`):
+        // bf16 weights would round AdamW's small updates away. The delta goes back in the
+        // activations' dtype.
+        let x2 = x.reshape((rows, in_dim))?.to_dtype(self.a.dtype())?;
         let y = x2.matmul(&self.a.t()?)?.matmul(&self.b.t()?)?;
         let mut out = dims;
         *out.last_mut().unwrap() = self.b.dim(0)?;
-        Ok((y * self.scale)?.reshape(out)?)
+        Ok((y * self.scale)?.reshape(out)?.to_dtype(x.dtype())?)
     }
 }
 
@@ -98,9 +101,8 @@ impl Lora {
                 let a: Vec<f32> = (0..cfg.r * in_dim)
                     .map(|_| rng.random_range(-bound..bound))
                     .collect();
-                let a =
-                    Tensor::from_vec(a, (cfg.r, in_dim), base.device())?.to_dtype(base.dtype())?;
-                let b = Tensor::zeros((out_dim, cfg.r), base.dtype(), base.device())?;
+                let a = Tensor::from_vec(a, (cfg.r, in_dim), base.device())?;
+                let b = Tensor::zeros((out_dim, cfg.r), DType::F32, base.device())?;
                 let m = Self::register(&varmap, l, *t, a, b, cfg.scale())?;
                 modules.insert((l, *t), m);
             }
@@ -190,7 +192,7 @@ impl Lora {
         Ok(())
     }
 
-    /// Reads a PEFT adapter folder for `base`, converting tensors to the base's dtype.
+    /// Reads a PEFT adapter folder for `base`; the adapter's tensors are kept in f32.
     pub fn load(dir: &Path, base: &Base) -> Result<Lora> {
         let cp = dir.join("adapter_config.json");
         let text = std::fs::read_to_string(&cp)
@@ -257,7 +259,7 @@ impl Lora {
                             x.dims()
                         );
                     }
-                    Ok(x.to_dtype(base.dtype())?)
+                    Ok(x.to_dtype(DType::F32)?)
                 };
                 let a = fetch("A", [r, in_dim])?;
                 let b = fetch("B", [out_dim, r])?;
@@ -326,10 +328,11 @@ impl ValueHead {
         })
     }
 
-    /// hidden (..., h) -> values (...), in f32.
+    /// hidden (..., h) -> values (...), in f32. The hidden states are cast to the head's
+    /// dtype (f32 in training), so a bf16 or f16 model's values and value loss are f32.
     pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
         let lin = candle_nn::Linear::new(self.weight.clone(), Some(self.bias.clone()));
-        let y = candle_nn::Module::forward(&lin, hidden)?;
+        let y = candle_nn::Module::forward(&lin, &hidden.to_dtype(self.weight.dtype())?)?;
         Ok(y.squeeze(candle_core::D::Minus1)?.to_dtype(DType::F32)?)
     }
 

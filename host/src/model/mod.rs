@@ -26,6 +26,6 @@ pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 pub use generate::{
     generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
 };
-pub use load::{load, Loaded};
+pub use load::{load, random, Loaded};
 pub use lora::{Lora, LoraConfig, ValueHead};
 pub use memory::{keep_freed_memory, resident_mib, Resident};

@@ -202,7 +202,7 @@ impl VerifierModel {
                 .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
         );
         agent.value_head = Some(
-            ValueHead::load(&checkpoint.join(HEAD_FILE), hidden, dtype, device)
+            ValueHead::load(&checkpoint.join(HEAD_FILE), hidden, DType::F32, device)
                 .with_context(|| format!("verifier checkpoint {}", checkpoint.display()))?,
         );
         Ok(VerifierModel { agent, prompter })

@@ -162,9 +162,10 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         },
         opts.seed,
     )?);
+    // The head is f32 whatever the model's dtype (its loss needs the precision).
     agent.value_head = Some(ValueHead::new(
         hidden,
-        opts.dtype,
+        DType::F32,
         &opts.device,
         opts.seed ^ 0xbead,
     )?);
@@ -196,7 +197,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                     data_sha256.get(..12).unwrap_or(&data_sha256)
                 );
             }
-            restore(&model, &mut optimizer, &dir, hidden, opts.dtype)?;
+            restore(&model, &mut optimizer, &dir, hidden)?;
             start = st.step;
             metrics_lines = st.metrics_lines;
             epoch_loss = (f64::from_bits(st.epoch_loss_bits), st.epoch_steps);
@@ -419,7 +420,6 @@ fn restore(
     optimizer: &mut AgentOptimizer,
     dir: &Path,
     hidden: usize,
-    dtype: DType,
 ) -> anyhow::Result<()> {
     let lora = Lora::load(dir, &model.agent.base)?;
     let mine = model.agent.lora.as_ref().context("internal: no adapter")?;
@@ -434,7 +434,7 @@ fn restore(
     let head = ValueHead::load(
         &dir.join(HEAD_FILE),
         hidden,
-        dtype,
+        DType::F32,
         model.agent.base.device(),
     )?;
     let mine = model
