@@ -135,7 +135,15 @@ pub fn evaluate(all: &[Debate]) -> Report {
     }
 }
 
-/// The team answer's credit after `turn`, carrying the last decision past an early stop.
+/// The team answer's credit after `turn`, carrying the last decision past an early stop: 1/n
+/// when the decision holds n answers and one of them is right.
+///
+/// A decided answer is right when the verifier judged it so: when an utterance that gave that
+/// answer (as the verifier extracted it), at this turn or, failing that, the latest earlier
+/// one, was marked correct. Comparing the answer with the task's raw reference instead would
+/// score "Paris" against a reference "paris", or "1234" against a GSM8K "1,234", as wrong
+/// while every agent was marked right. An answer nobody gave cannot be judged and earns
+/// nothing.
 fn credit(d: &Debate, turn: u32) -> f64 {
     let Some(decision) = d
         .decisions
@@ -144,7 +152,18 @@ fn credit(d: &Debate, turn: u32) -> f64 {
     else {
         return 0.0;
     };
-    if decision.contains(&d.task.reference) {
+    let right = |answer: &String| {
+        let giving = |u: &&Utterance| u.turn <= turn && u.answer.as_ref() == Some(answer);
+        let utterances = &d.transcript.utterances;
+        let Some(last) = utterances.iter().filter(giving).map(|u| u.turn).max() else {
+            return false;
+        };
+        utterances
+            .iter()
+            .filter(giving)
+            .any(|u| u.turn == last && u.correct)
+    };
+    if decision.iter().any(right) {
         1.0 / decision.len() as f64
     } else {
         0.0
@@ -244,6 +263,71 @@ mod tests {
             speeches: vec![],
             error: None,
         }
+    }
+
+    #[test]
+    fn the_team_answer_is_credited_through_the_verifiers_judgement() {
+        // The verifier normalises: "1234" is right for a GSM8K reference "1,234", "paris" for
+        // "Paris". The raw reference never appears among the answers.
+        let mark = |mut x: Utterance, correct: bool| {
+            x.correct = correct;
+            x
+        };
+        let gsm = debate(
+            "1,234",
+            vec![
+                mark(u(1, 0, Some("1234"), ""), true),
+                mark(u(1, 1, Some("99"), ""), false),
+            ],
+            vec![vec!["1234"]],
+        );
+        let qa = debate(
+            "Paris",
+            vec![
+                mark(u(1, 0, Some("paris"), ""), true),
+                mark(u(1, 1, Some("paris"), ""), true),
+            ],
+            vec![vec!["paris"]],
+        );
+        // A decided answer nobody gave cannot be judged; a wrong one earns nothing.
+        let unjudged = debate(
+            "3",
+            vec![
+                mark(u(1, 0, Some("4"), ""), false),
+                mark(u(1, 1, Some("5"), ""), false),
+            ],
+            vec![vec!["3"]],
+        );
+        let wrong = debate(
+            "3",
+            vec![
+                mark(u(1, 0, Some("4"), ""), false),
+                mark(u(1, 1, None, ""), false),
+            ],
+            vec![vec!["4"]],
+        );
+        let r = evaluate(&[gsm, qa, unjudged, wrong]);
+        assert_eq!(r.turns[0].majority_accuracy, 0.5);
+        // The answer's latest judgement counts: "4" wrong at turn 1, right at turn 2.
+        let later = debate(
+            "x",
+            vec![
+                mark(u(1, 0, Some("4"), ""), false),
+                mark(u(1, 1, Some("4"), ""), false),
+                mark(u(2, 0, Some("4"), ""), true),
+                mark(u(2, 1, Some("4"), ""), true),
+            ],
+            vec![vec!["4"], vec!["4"]],
+        );
+        let r = evaluate(&[later]);
+        assert_eq!(
+            r.turns
+                .iter()
+                .map(|t| t.majority_accuracy)
+                .collect::<Vec<_>>(),
+            vec![0.0, 1.0, 1.0],
+            "the last decision carries past the early stop"
+        );
     }
 
     #[test]
