@@ -272,14 +272,17 @@ fn anli_reads_labels() {
     let texts = [
         "Answer: \\boxed{Neutral}",
         "It is entailment, no wait, contradiction",
+        "Contradiction.",
         "Answer: \\boxed{maybe}",
     ]
     .map(String::from);
     let verdicts = v.score(&t, &texts).unwrap();
     assert_eq!(verdicts[0].answer.as_deref(), Some("neutral"));
     assert!(verdicts[0].correct);
-    assert_eq!(verdicts[1].answer.as_deref(), Some("contradiction"));
-    assert_eq!(verdicts[2].answer, None);
+    // Without a box the whole answer must be a label (PAPER.md §1).
+    assert_eq!(verdicts[1].answer, None);
+    assert_eq!(verdicts[2].answer.as_deref(), Some("contradiction"));
+    assert_eq!(verdicts[3].answer, None);
 }
 
 #[test]

@@ -125,41 +125,18 @@ pub fn strip_latex_commands(s: &str) -> String {
 /// The three ANLI labels.
 pub const NLI_LABELS: [&str; 3] = ["entailment", "neutral", "contradiction"];
 
-/// Reads an NLI label out of a response: the last `\boxed{}` (LaTeX command names removed,
-/// letters only, lower-cased) must be exactly one of the labels; with no box at all, the
-/// last of the three label words (as a whole word) in the text. A box that holds anything
-/// else is invalid: there is no fall-back to the text then.
+/// Reads an NLI label out of a response (PAPER.md §1): the last `\boxed{}`, or the whole text
+/// when there is none, with LaTeX command names removed, letters only, lower-cased, must be
+/// exactly one of the labels. A response that discusses the labels ("not entailment, so
+/// neutral") is invalid without a box: the answer must be a label, not contain one.
 pub fn nli_label(text: &str) -> Option<&'static str> {
-    if let Some(boxed) = last_boxed(text) {
-        let letters: String = strip_latex_commands(boxed)
-            .chars()
-            .filter(|c| c.is_alphabetic())
-            .flat_map(char::to_lowercase)
-            .collect();
-        return NLI_LABELS.iter().copied().find(|l| *l == letters);
-    }
-    let lower = text.to_lowercase();
-    NLI_LABELS
-        .iter()
-        .filter_map(|label| last_word_position(&lower, label).map(|p| (p, *label)))
-        .max()
-        .map(|(_, label)| label)
-}
-
-/// The byte position of the last occurrence of `word` in `text` that is not part of a
-/// longer word (no letter right before or after it).
-pub fn last_word_position(text: &str, word: &str) -> Option<usize> {
-    let mut end = text.len();
-    while let Some(pos) = text[..end].rfind(word) {
-        let before = text[..pos].chars().next_back();
-        let after = text[pos + word.len()..].chars().next();
-        let is_letter = |c: Option<char>| c.is_some_and(char::is_alphabetic);
-        if !is_letter(before) && !is_letter(after) {
-            return Some(pos);
-        }
-        end = pos;
-    }
-    None
+    let answer = last_boxed(text).unwrap_or(text);
+    let letters: String = strip_latex_commands(answer)
+        .chars()
+        .filter(|c| c.is_alphabetic())
+        .flat_map(char::to_lowercase)
+        .collect();
+    NLI_LABELS.iter().copied().find(|l| *l == letters)
 }
 
 /// Reads an NLI reference: the label itself or its initial (`e`, `n`, `c`), any case.
@@ -275,16 +252,15 @@ mod tests {
         // A box with something else is invalid, even if the text names a label.
         assert_eq!(nli_label("neutral \\boxed{maybe}"), None);
         assert_eq!(nli_label("\\boxed{e}"), None);
-        // No box: the last label word wins.
+        // No box: the whole text must be a label.
+        assert_eq!(nli_label("Contradiction."), Some("contradiction"));
+        assert_eq!(nli_label("  Neutral\n"), Some("neutral"));
         assert_eq!(
-            nli_label(
-                "Not entailment; I think it is a Contradiction, not neutral... contradiction."
-            ),
-            Some("contradiction")
+            nli_label("Not entailment; I think it is a contradiction, not neutral."),
+            None
         );
-        assert_eq!(nli_label("neutral, then entailment"), Some("entailment"));
-        // Whole words only.
-        assert_eq!(nli_label("contradictions everywhere"), None);
+        assert_eq!(nli_label("neutral, then entailment"), None);
+        assert_eq!(nli_label("contradictions"), None);
         assert_eq!(nli_label("nothing"), None);
     }
 

@@ -1,7 +1,8 @@
 //! ANLI verifier: the answer is the last `\boxed{}` (LaTeX command names such as `\text`
 //! removed, letters only, lower-cased), which must be exactly entailment, neutral or
-//! contradiction; with no box at all, the last of the three label words in the text. Score
-//! 1.0 when it equals the reference (the label or its initial e / n / c), else 0.0.
+//! contradiction; with no box at all, the whole text read the same way must be a label (a
+//! response that only mentions labels has no valid answer). Score 1.0 when it equals the
+//! reference (the label or its initial e / n / c), else 0.0.
 //!
 //! Settings: none (`{}`).
 
@@ -86,6 +87,7 @@ mod tests {
             "The hypothesis follows. Answer: \\boxed{Entailment}",
             "Answer: \\boxed{\\text{neutral}}",
             "It is not neutral; it is an entailment.",
+            "Entailment.",
             "\\boxed{yes}",
             "I cannot tell.",
         ]
@@ -103,6 +105,7 @@ mod tests {
                 vec![
                     (Some("entailment"), 1.0, true),
                     (Some("neutral"), 0.0, false),
+                    (None, 0.0, false),
                     (Some("entailment"), 1.0, true),
                     (None, 0.0, false),
                     (None, 0.0, false),
