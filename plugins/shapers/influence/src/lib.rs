@@ -15,14 +15,15 @@
 //! Settings (JSON, all optional):
 //! - `gamma` (number in [0, 1], 0.3);
 //! - `horizon` ("discounted-sum" | "last" | "current", "discounted-sum"): Definition 1;
-//!   only the final turn's mean, R = (V(t,a) + gamma^(T-t) m_T) / (1 + gamma^(T-t)); or the
-//!   agent's own score only;
+//!   only the final turn's mean, R = m_T at every turn (with share "individual" the agent's
+//!   own final score; its own score when it did not speak at T); or the agent's own score
+//!   only;
 //! - `share` ("all" | "individual", "all"): average all agents' later scores, or use the
 //!   agent's own later scores;
 //! - `alpha_0`, `alpha_1`, `beta_0`, `beta_1` (numbers, 0): the incentives, each logged
 //!   as its own part ("alpha-0", ...) whenever its coefficient is non-zero;
-//! - `beta_sign` ("paper" | "code", "paper"): "code" negates the beta terms, as the
-//!   authors' released code does.
+//! - `beta_sign` ("paper" | "code", "paper"): "code" takes the authors' released code's beta
+//!   rule instead (below).
 //!
 //! Incentives use ground-truth correctness. For t >= 2, with o = the mean correctness of the
 //! other agents at t-1 ("others right" when o >= 0.5), agent a going wrong -> right earns
@@ -30,6 +31,13 @@
 //! wrong costs alpha_1 when the others were wrong and alpha_0 when they were right. For
 //! t < T, with f = the fraction of the other agents that went wrong -> right between t and
 //! t+1, the utterance earns beta_1 * f if a was right at t, beta_0 * f if it was wrong.
+//!
+//! The code's beta rule (`beta_sign = "code"`, `bonus_rule` in the authors' repository) looks
+//! at the others' mean correctness m_t, m_{t+1} (strict thresholds at 0.5) and has two
+//! branches. Others wrong -> right (m_t < 0.5 < m_{t+1}): a right at t costs beta_1, a wrong
+//! at t costs beta_0. Others right -> wrong (m_t > 0.5 > m_{t+1}): a wrong at t earns beta_1,
+//! a right at t earns beta_0. So persuading peers toward the truth is penalised and leading
+//! them into error rewarded, the opposite of the paper's stated intent.
 
 use maporl_plugin::settings::parse_settings;
 use maporl_plugin::transcript::{at_turn, check, find, last_turn, mean_score};
@@ -70,7 +78,8 @@ pub enum BetaSign {
     /// The paper's intent: persuading others toward the truth is rewarded.
     #[default]
     Paper,
-    /// The released code's sign (the opposite).
+    /// The released code's rule: the opposite sign, and a mirror branch that rewards
+    /// leading the others from right to wrong.
     Code,
 }
 
@@ -146,15 +155,10 @@ pub fn influence(settings: &Settings, transcript: &Transcript, u: &Utterance, la
     let discount = |t: u32| gamma.powi((t - u.turn) as i32);
     match settings.horizon {
         Horizon::Current => own,
-        Horizon::Last => {
-            if u.turn >= last {
-                return own;
-            }
-            match later_value(settings, transcript, u.agent, last) {
-                Some(m) => (own + discount(last) * m) / (1.0 + discount(last)),
-                None => own,
-            }
-        }
+        // Only the final turn counts, at every turn (the final one included): the mean of its
+        // scores, or with share "individual" the agent's own final score. The authors' code
+        // does the same; its own score at t does not enter.
+        Horizon::Last => later_value(settings, transcript, u.agent, last).unwrap_or(own),
         Horizon::DiscountedSum => {
             let (mut num, mut den) = (own, 1.0);
             for t in u.turn + 1..=last {
@@ -202,7 +206,31 @@ pub fn incentives(
             }
         }
     }
-    if u.turn < last {
+    if u.turn < last && settings.beta_sign == BetaSign::Code {
+        let others_mean = |turn: u32| {
+            let others: Vec<bool> = at_turn(transcript, turn)
+                .filter(|o| o.agent != u.agent)
+                .map(|o| o.correct)
+                .collect();
+            (!others.is_empty())
+                .then(|| others.iter().filter(|c| **c).count() as f64 / others.len() as f64)
+        };
+        if let (Some(now), Some(next)) = (others_mean(u.turn), others_mean(u.turn + 1)) {
+            if now < 0.5 && next > 0.5 {
+                if u.correct {
+                    b1 = -settings.beta_1;
+                } else {
+                    b0 = -settings.beta_0;
+                }
+            } else if now > 0.5 && next < 0.5 {
+                if u.correct {
+                    b0 = settings.beta_0;
+                } else {
+                    b1 = settings.beta_1;
+                }
+            }
+        }
+    } else if u.turn < last {
         let moves: Vec<bool> = at_turn(transcript, u.turn)
             .filter(|o| o.agent != u.agent)
             .filter_map(|o| {
@@ -211,14 +239,10 @@ pub fn incentives(
             .collect();
         if !moves.is_empty() {
             let f = moves.iter().filter(|m| **m).count() as f64 / moves.len() as f64;
-            let sign = match settings.beta_sign {
-                BetaSign::Paper => 1.0,
-                BetaSign::Code => -1.0,
-            };
             if u.correct {
-                b1 = sign * settings.beta_1 * f;
+                b1 = settings.beta_1 * f;
             } else {
-                b0 = sign * settings.beta_0 * f;
+                b0 = settings.beta_0 * f;
             }
         }
     }
@@ -394,15 +418,16 @@ mod tests {
             horizon: Horizon::Last,
             ..Settings::default()
         };
+        // Only the final turn's mean, at every turn: the own score does not enter.
         assert_close(
             &shape(&last, &worked()).unwrap(),
             &[
-                (1, 0, (0.2 + 0.09 * 0.9) / 1.09),
-                (1, 1, (0.6 + 0.09 * 0.9) / 1.09),
-                (2, 0, (0.5 + 0.3 * 0.9) / 1.3),
-                (2, 1, (0.9 + 0.3 * 0.9) / 1.3),
-                (3, 0, 0.8),
-                (3, 1, 1.0),
+                (1, 0, 0.9),
+                (1, 1, 0.9),
+                (2, 0, 0.9),
+                (2, 1, 0.9),
+                (3, 0, 0.9),
+                (3, 1, 0.9),
             ],
         );
         let current = Settings {
@@ -440,8 +465,17 @@ mod tests {
             share: Share::Individual,
             ..Settings::default()
         };
-        let r = shape(&last_individual, &worked()).unwrap();
-        assert!((f64::from(r[0].total) - (0.2 + 0.09 * 0.8) / 1.09).abs() < 1e-6);
+        assert_close(
+            &shape(&last_individual, &worked()).unwrap(),
+            &[
+                (1, 0, 0.8),
+                (1, 1, 1.0),
+                (2, 0, 0.8),
+                (2, 1, 1.0),
+                (3, 0, 0.8),
+                (3, 1, 1.0),
+            ],
+        );
     }
 
     #[test]
@@ -575,13 +609,57 @@ mod tests {
             vec!["influence", "alpha-0", "alpha-1", "beta-0", "beta-1"]
         );
 
+        // The code's rule takes the others' mean against strict 0.5 thresholds: a half of
+        // the others moving is no move at all.
         let code = Settings {
             beta_sign: BetaSign::Code,
             ..with_incentives()
         };
         let r = shape(&code, &tr).unwrap();
-        assert_eq!(part(&r[0], "beta-1"), -3.5);
-        assert_eq!(part(&r[2], "beta-0"), -2.5);
+        assert!(r
+            .iter()
+            .all(|r| part(r, "beta-0") == 0.0 && part(r, "beta-1") == 0.0));
+        // Its two branches, with two agents: (agent 0 at turns 1, 2; agent 1 at turns 1, 2)
+        // -> agent 0's turn-1 (beta-0, beta-1).
+        for (zero, one, want) in [
+            // Agent 1 wrong -> right: agent 0 right at 1 costs beta_1, wrong at 1 beta_0.
+            ([true, true], [false, true], (0.0, -7.0)),
+            ([false, true], [false, true], (-5.0, 0.0)),
+            // Agent 1 right -> wrong: agent 0 wrong at 1 earns beta_1, right at 1 beta_0.
+            ([false, false], [true, false], (0.0, 7.0)),
+            ([true, true], [true, false], (5.0, 0.0)),
+            // Agent 1 stays: nothing.
+            ([true, true], [true, true], (0.0, 0.0)),
+        ] {
+            let tr = transcript(
+                2,
+                2,
+                vec![
+                    u(1, 0, f32::from(u8::from(zero[0])), zero[0]),
+                    u(1, 1, f32::from(u8::from(one[0])), one[0]),
+                    u(2, 0, f32::from(u8::from(zero[1])), zero[1]),
+                    u(2, 1, f32::from(u8::from(one[1])), one[1]),
+                ],
+            );
+            let r = shape(&code, &tr).unwrap();
+            assert_eq!(
+                (part(&r[0], "beta-0"), part(&r[0], "beta-1")),
+                want,
+                "agent 0 {zero:?}, agent 1 {one:?}"
+            );
+            // The paper's rule credits only the others' wrong -> right, with a plus sign.
+            let paper = shape(&with_incentives(), &tr).unwrap();
+            let moved = !one[0] && one[1];
+            let credit = match (moved, zero[0]) {
+                (false, _) => (0.0, 0.0),
+                (true, true) => (0.0, 7.0),
+                (true, false) => (5.0, 0.0),
+            };
+            assert_eq!(
+                (part(&paper[0], "beta-0"), part(&paper[0], "beta-1")),
+                credit
+            );
+        }
     }
 
     #[test]
