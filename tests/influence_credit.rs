@@ -22,7 +22,9 @@ use maporl::debate::{self, Debate, OnPluginError, Plugins, Response, Team, Token
 use maporl::model::{score, Agent, Lora, LoraConfig, ValueHead};
 use maporl::optim::AgentOptimizer;
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
-use maporl::train::ppo::{gae, ppo_step, token_rewards, whiten, KlController, PpoConfig, Sample};
+use maporl::train::ppo::{
+    gae, ppo_step, token_rewards, whiten, Batch, KlController, PpoConfig, Sample,
+};
 use maporl::train::samples_of;
 use maporl::transcript::ChatMessage;
 use rand::{Rng, SeedableRng};
@@ -430,7 +432,10 @@ fn one_ppo_update_makes_the_influential_answer_more_likely_than_the_same_answer_
             &agent,
             &reference,
             &mut optimizer,
-            &samples,
+            Batch {
+                samples: &samples,
+                temperature: 1.0,
+            },
             &mut kl,
             &cfg,
             0,

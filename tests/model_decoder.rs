@@ -6,8 +6,8 @@ use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models as ct;
 use maporl::model::Pass;
 use maporl::model::{
-    generate, score, Agent, Base, Config, GenerateOptions, KvCache, Lora, LoraConfig, Sampler,
-    SamplingParams, ValueHead,
+    generate, score, score_at_temperature, Agent, Base, Config, GenerateOptions, KvCache, Lora,
+    LoraConfig, Sampler, SamplingParams, ValueHead,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -689,6 +689,54 @@ fn same_seed_same_tokens_and_logprobs_under_the_sampled_distribution() {
     for _ in 0..20 {
         assert_eq!(s.sample(&logits).unwrap()[0], (0, 0.0));
     }
+}
+
+#[test]
+fn scoring_at_the_sampling_temperature_gives_the_sampled_log_probs() {
+    // What PPO needs: the update's log-probs are those of the distribution that sampled.
+    let (vm, _) = random_base(LLAMA, 72);
+    let agent = Agent::new(Arc::new(frozen(LLAMA, &vm)));
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8]];
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        stop_tokens: vec![],
+        pad_token: 0,
+    };
+    let p = SamplingParams {
+        temperature: 0.7,
+        top_p: 1.0,
+        top_k: 0,
+    };
+    let generated = generate(&agent, &prompts, &mut Sampler::new(p, 5), &opts).unwrap();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = prompts
+        .iter()
+        .cloned()
+        .zip(generated.iter().map(|g| g.tokens.clone()))
+        .collect();
+    let rows = |t: f64| {
+        score_at_temperature(&agent, &pairs, Pass::Inference, 4, t)
+            .unwrap()
+            .logprobs
+            .to_vec2::<f32>()
+            .unwrap()
+    };
+    let (tempered, plain) = (rows(0.7), rows(1.0));
+    let mut differs = 0.0f32;
+    for ((g, t), u) in generated.iter().zip(&tempered).zip(&plain) {
+        for k in 0..g.tokens.len() {
+            assert!(
+                (g.logprobs[k] - t[k]).abs() < 1e-4,
+                "{} vs {}",
+                g.logprobs[k],
+                t[k]
+            );
+            differs = differs.max((g.logprobs[k] - u[k]).abs());
+        }
+    }
+    assert!(differs > 1e-2, "temperature 1 scores another distribution");
+    // Greedy decoding (temperature 0) scores at 1; a temperature that is not finite is refused.
+    assert_eq!(rows(0.0), plain);
+    assert!(score_at_temperature(&agent, &pairs, Pass::Inference, 4, f64::NAN).is_err());
 }
 
 #[test]

@@ -9,7 +9,7 @@ use maporl::model::{
     generate, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams, ValueHead,
 };
 use maporl::optim::AgentOptimizer;
-use maporl::train::ppo::{ppo_step, KlController, PpoConfig, Sample};
+use maporl::train::ppo::{ppo_step, Batch, KlController, PpoConfig, Sample};
 use rand::{Rng, SeedableRng};
 
 mod support;
@@ -126,7 +126,10 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
             &agent,
             &reference,
             &mut optimizer,
-            &samples,
+            Batch {
+                samples: &samples,
+                temperature: 1.0,
+            },
             &mut kl,
             &cfg,
             step,
@@ -206,7 +209,10 @@ fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
             &agent,
             &reference,
             &mut optimizer,
-            &samples,
+            Batch {
+                samples: &samples,
+                temperature: 1.0,
+            },
             &mut kl,
             &cfg,
             5,

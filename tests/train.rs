@@ -121,10 +121,11 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
             assert!(stats["grad_norm"].as_f64().unwrap() > 0.0, "{stats}");
             assert!(stats["tokens"].as_u64().unwrap() > 0);
             assert!(stats["value_loss"].as_f64().unwrap().is_finite());
-            // A random model's next-token distribution is far from deterministic, and no
-            // entropy exceeds ln(vocab).
+            // A random model's next-token distribution (at the sampling temperature, 0.7
+            // here, as PPO scores it) is far from deterministic, and no entropy exceeds
+            // ln(vocab).
             let entropy = stats["entropy"].as_f64().unwrap();
-            assert!(entropy > 1.0 && entropy <= (49152f64).ln(), "{entropy}");
+            assert!(entropy > 0.3 && entropy <= (49152f64).ln(), "{entropy}");
         }
         assert_eq!(
             line["accuracy"].as_array().unwrap().len(),

@@ -13,7 +13,7 @@ use crate::bundle::{LockedPlugin, PluginLock};
 use crate::config::{Config, DataSource};
 use crate::debate::{self, Debate, ModelTeam, OnPluginError, Plugins, TeamOptions};
 use crate::files::{expand_home, write_atomic};
-use crate::model::{Lora, SamplingParams};
+use crate::model::Lora;
 use crate::plugin::{Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 use crate::transcript::Task;
 
@@ -67,14 +67,9 @@ impl Session {
         let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
             .map(|a| expand_home(config.agent_model(a)))
             .collect();
-        let g = &config.generation;
         let opts = TeamOptions {
-            sampling: SamplingParams {
-                temperature: g.temperature,
-                top_p: g.top_p,
-                top_k: g.top_k,
-            },
-            max_new_tokens: g.max_new_tokens,
+            sampling: (0..paths.len()).map(|a| config.agent_sampling(a)).collect(),
+            max_new_tokens: config.generation.max_new_tokens,
             // A turn's prompts for every agent on one base form one batch.
             batch_size: config.debate.batch_size * config.debate.agents as usize,
             seed: config.seed,

@@ -398,6 +398,14 @@ pub struct AgentConfig {
     pub adapter: String,
     /// This agent's device; none: the run's `device`.
     pub device: Option<DeviceChoice>,
+    /// This agent's sampling temperature; none: `generation.temperature`. A heterogeneous
+    /// team samples each model at its own (the paper's runs used per-model decoding); PPO
+    /// scores each agent's responses at the temperature that sampled them.
+    pub temperature: Option<f64>,
+    /// This agent's top-p; none: `generation.top_p`.
+    pub top_p: Option<f64>,
+    /// This agent's top-k; none: `generation.top_k`.
+    pub top_k: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -616,6 +624,18 @@ impl Config {
         if g.temperature < 0.0 || !(0.0..=1.0).contains(&g.top_p) || g.top_p == 0.0 {
             bail!("generation: temperature must be >= 0 and top_p in (0, 1]");
         }
+        for a in 0..self.agents.len() {
+            let s = self.agent_sampling(a);
+            let bad_temperature = !(s.temperature.is_finite() && s.temperature >= 0.0);
+            if bad_temperature || !(s.top_p > 0.0 && s.top_p <= 1.0) {
+                bail!(
+                    "agents[{a}]: temperature must be a finite number >= 0 and top_p in (0, 1], \
+                     got temperature {} and top_p {}",
+                    s.temperature,
+                    s.top_p
+                );
+            }
+        }
         if g.max_new_tokens == 0 {
             bail!("generation.max_new_tokens must be at least 1");
         }
@@ -679,6 +699,17 @@ impl Config {
             .get(a)
             .and_then(|agent| agent.device)
             .unwrap_or(self.device)
+    }
+
+    /// How agent `a` samples: `generation`, with its `[[agents]]` overrides.
+    pub fn agent_sampling(&self, a: usize) -> crate::model::SamplingParams {
+        let g = &self.generation;
+        let agent = self.agents.get(a);
+        crate::model::SamplingParams {
+            temperature: agent.and_then(|x| x.temperature).unwrap_or(g.temperature),
+            top_p: agent.and_then(|x| x.top_p).unwrap_or(g.top_p),
+            top_k: agent.and_then(|x| x.top_k).unwrap_or(g.top_k),
+        }
     }
 
     pub fn agent_adapter(&self, a: usize) -> Option<&str> {
@@ -856,6 +887,31 @@ mod tests {
         assert_eq!(c.generation.max_new_tokens, 300);
         let again = Config::parse(&c.to_toml(), &[]).unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn each_agent_may_sample_at_its_own_temperature() {
+        let text = "[generation]\ntemperature = 0.7\ntop_p = 0.9\n\n\
+                    [[agents]]\ntemperature = 0.2\n\n[[agents]]\ntop_k = 5\n";
+        let c = Config::parse(text, &[]).unwrap();
+        let (a, b) = (c.agent_sampling(0), c.agent_sampling(1));
+        assert_eq!((a.temperature, a.top_p, a.top_k), (0.2, 0.9, 0));
+        assert_eq!((b.temperature, b.top_p, b.top_k), (0.7, 0.9, 5));
+        // An agent without an [[agents]] entry takes `generation`.
+        let c = Config::parse("[generation]\ntemperature = 0.4\n", &[]).unwrap();
+        assert_eq!(c.agent_sampling(1).temperature, 0.4);
+        for bad in [
+            "[[agents]]\ntemperature = -1.0\n",
+            "[[agents]]\ntemperature = inf\n",
+            "[[agents]]\ntop_p = 0.0\n",
+            "[[agents]]\ntop_p = 1.5\n",
+        ] {
+            let err = format!("{:#}", Config::parse(bad, &[]).unwrap_err());
+            assert!(
+                err.contains("agents[0]: temperature must be"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

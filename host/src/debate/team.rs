@@ -39,7 +39,8 @@ pub struct ModelTeam {
 /// Sampling and batching of a [`ModelTeam`].
 #[derive(Clone, Debug)]
 pub struct TeamOptions {
-    pub sampling: SamplingParams,
+    /// How each agent samples, one entry per agent.
+    pub sampling: Vec<SamplingParams>,
     pub max_new_tokens: usize,
     /// Most prompts generated together.
     pub batch_size: usize,
@@ -55,8 +56,13 @@ impl ModelTeam {
         devices: &[Device],
         opts: &TeamOptions,
     ) -> anyhow::Result<ModelTeam> {
-        if devices.len() != model_paths.len() {
-            bail!("{} devices for {} agents", devices.len(), model_paths.len());
+        if devices.len() != model_paths.len() || opts.sampling.len() != model_paths.len() {
+            bail!(
+                "{} devices and {} sampling settings for {} agents",
+                devices.len(),
+                opts.sampling.len(),
+                model_paths.len()
+            );
         }
         type Key<'a> = (&'a std::path::Path, String);
         let mut loaded: HashMap<Key, (Arc<model::Base>, Arc<Voice>)> = HashMap::new();
@@ -76,7 +82,7 @@ impl ModelTeam {
                 agent: Agent::new(base),
                 voice,
                 // Each agent samples from its own stream, the same on every run.
-                sampler: Sampler::new(opts.sampling, opts.seed.wrapping_add(1 + i as u64)),
+                sampler: Sampler::new(opts.sampling[i], opts.seed.wrapping_add(1 + i as u64)),
             });
         }
         Ok(ModelTeam {

@@ -288,13 +288,33 @@ pub struct Scored {
 
 /// Scores `(prompt, response)` pairs with `agent`: lm_head runs only over response positions, in
 /// chunks of `chunk` positions, so vocab-sized logits never cover whole sequences. Use
-/// [`Pass::Training`] for a differentiable result.
+/// [`Pass::Training`] for a differentiable result. The log-probs are the model's own
+/// (temperature 1); [`score_at_temperature`] scores the distribution a sampler drew from.
 pub fn score(
     agent: &Agent,
     pairs: &[(Vec<u32>, Vec<u32>)],
     pass: Pass,
     chunk: usize,
 ) -> Result<Scored> {
+    score_at_temperature(agent, pairs, pass, chunk, 1.0)
+}
+
+/// [`score`] with the logits divided by `temperature` first, as TRL's PPO does in its rollout
+/// and its update (for the policy and the reference alike): the log-probs, and the entropy,
+/// are those of the tempered distribution that sampled the responses, so PPO optimises the
+/// policy that acted and the KL to the reference compares like with like. A temperature of 0
+/// (greedy decoding) or below scores at 1.
+pub fn score_at_temperature(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    pass: Pass,
+    chunk: usize,
+    temperature: f64,
+) -> Result<Scored> {
+    if !temperature.is_finite() {
+        bail!("score: temperature {temperature} is not finite");
+    }
+    let temperature = if temperature > 0.0 { temperature } else { 1.0 };
     if pairs.is_empty() {
         bail!("score: empty batch");
     }
@@ -323,6 +343,11 @@ pub fn score(
         // Contiguous, so lm_head is one 2-D matmul: a broadcast matmul would make backward
         // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
         let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
+        let logits = if temperature == 1.0 {
+            logits
+        } else {
+            (logits / temperature)?
+        };
         let tgt = targets.narrow(1, c0, n)?.contiguous()?;
         if super::fused::applies(agent.base.kernels().fused_ops, &[&logits]) {
             // One op: the log-softmax over the vocabulary is never materialised.

@@ -24,7 +24,8 @@ pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
 #[doc(hidden)]
 pub use generate::{
-    generate, score, GenerateOptions, Generation, RngState, Sampler, SamplingParams, Scored,
+    generate, score, score_at_temperature, GenerateOptions, Generation, RngState, Sampler,
+    SamplingParams, Scored,
 };
 pub use load::{load, random, Loaded};
 pub use lora::{Lora, LoraConfig, ValueHead};

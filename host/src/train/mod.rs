@@ -30,7 +30,7 @@ use crate::model::{Agent, Lora, LoraConfig, ValueHead};
 use crate::optim::{learning_rate, AgentOptimizer};
 use crate::session::{held_out, tasks, Progress, Session};
 use crate::transcript::Task;
-use ppo::{ppo_step, KlController, Sample, StepStats};
+use ppo::{ppo_step, Batch, KlController, Sample, StepStats};
 
 /// How a training run starts and when it stops early.
 #[derive(Clone, Debug, Default)]
@@ -373,12 +373,17 @@ impl Trainer {
             }
             let agent = self.session.team.agent(l.agent as usize);
             let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
+            // PPO scores the responses at the temperature that sampled them.
+            let temperature = cfg.agent_sampling(l.agent as usize).temperature;
             let stats = if l.turn_heads.is_empty() {
                 ppo_step(
                     agent,
                     &l.reference,
                     &mut l.optimizer,
-                    &samples,
+                    Batch {
+                        samples: &samples,
+                        temperature,
+                    },
                     &mut l.kl,
                     &t.ppo,
                     seed,
@@ -402,7 +407,10 @@ impl Trainer {
                         &view,
                         &l.reference,
                         &mut l.optimizer,
-                        &group,
+                        Batch {
+                            samples: &group,
+                            temperature,
+                        },
                         &mut l.kl,
                         &t.ppo,
                         seed ^ u64::from(turn) << 32,

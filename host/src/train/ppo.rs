@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 pub use crate::config::{KlEstimator, PpoConfig};
-use crate::model::{score, Agent};
+use crate::model::{score_at_temperature, Agent};
 use crate::optim::AgentOptimizer;
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
@@ -120,15 +120,27 @@ fn record_batches(
 }
 
 /// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
+/// What one update learns from: an agent's samples and the temperature that sampled them.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub samples: &'a [Sample],
+    /// The sampling temperature the responses were drawn at; every log-prob is taken there.
+    pub temperature: f64,
+}
+
 pub fn ppo_step(
     agent: &Agent,
     reference: &Agent,
     optimizer: &mut AgentOptimizer,
-    samples: &[Sample],
+    batch: Batch,
     kl_control: &mut KlController,
     cfg: &PpoConfig,
     seed: u64,
 ) -> anyhow::Result<StepStats> {
+    let Batch {
+        samples,
+        temperature,
+    } = batch;
     if samples.is_empty() {
         bail!("ppo_step: no samples");
     }
@@ -143,10 +155,13 @@ pub fn ppo_step(
 
     // The old policy and the reference, without gradients.
     let scoring = Instant::now();
-    let old = score(agent, &pairs, Pass::Inference, cfg.chunk)
+    // Every log-prob at the temperature the responses were sampled at (TRL's PPO does the
+    // same): the policy that acted is the one optimised, and the KL compares like with like.
+    let old = score_at_temperature(agent, &pairs, Pass::Inference, cfg.chunk, temperature)
         .context("scoring with the current policy")?;
-    let reference = score(reference, &pairs, Pass::Inference, cfg.chunk)
-        .context("scoring with the reference")?;
+    let reference =
+        score_at_temperature(reference, &pairs, Pass::Inference, cfg.chunk, temperature)
+            .context("scoring with the reference")?;
     let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
     let old_values = rows(old.values.as_ref().expect("checked above"))?;
     let mask = rows(&old.mask)?;
@@ -216,7 +231,13 @@ pub fn ppo_step(
                     .map(|&i| samples[i].response.len())
                     .max()
                     .unwrap_or(0);
-                let new = score(agent, &part_pairs, Pass::Training, cfg.chunk)?;
+                let new = score_at_temperature(
+                    agent,
+                    &part_pairs,
+                    Pass::Training,
+                    cfg.chunk,
+                    temperature,
+                )?;
                 let m = select(&mask, part, width, &dev)?;
                 let (pg, loss_stats) = policy_loss(
                     &new.logprobs,
