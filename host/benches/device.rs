@@ -69,16 +69,7 @@ fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let base = Arc::new(random(&cfg, dtype, &dev, 1)?);
     sync(&dev)?;
-    let params: usize = {
-        let (h, i, l, v) = (
-            cfg.hidden_size,
-            cfg.intermediate_size,
-            cfg.num_hidden_layers,
-            cfg.vocab_size,
-        );
-        let kv = cfg.num_key_value_heads * cfg.head_dim;
-        l * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + 2 * v * h + h
-    };
+    let params = cfg.parameters();
     println!(
         "device {device_name} ({dev:?}), {dtype:?}, random llama {size}: {:.1}M params, made in {:.1} s",
         params as f64 / 1e6,

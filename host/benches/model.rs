@@ -113,19 +113,7 @@ fn main() -> anyhow::Result<()> {
     let mut base = loaded.base;
     base.set_kernels(kernels);
     let base = Arc::new(base);
-    let params: usize = {
-        let (h, i, l, v) = (
-            cfg.hidden_size,
-            cfg.intermediate_size,
-            cfg.num_hidden_layers,
-            cfg.vocab_size,
-        );
-        let kv = cfg.num_key_value_heads * cfg.head_dim;
-        let q = cfg.num_attention_heads * cfg.head_dim;
-        l * (h * q * 2 + 2 * h * kv + 3 * h * i + 2 * h)
-            + v * h * if cfg.tie_word_embeddings { 1 } else { 2 }
-            + h
-    };
+    let params = cfg.parameters();
     let threads = candle_core::utils::get_num_threads();
     println!(
         "model {} ({:.1}M params, f32), threads {threads}, loaded in {load_s:.2} s",

@@ -101,6 +101,20 @@ pub struct Config {
 }
 
 impl Config {
+    /// How many weights a model of this config has: embeddings, each layer's projections
+    /// (and their biases) and norms, the final norm, and lm_head unless it is tied.
+    pub fn parameters(&self) -> usize {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let q = self.num_attention_heads * self.head_dim;
+        let kv = self.num_key_value_heads * self.head_dim;
+        let biases = usize::from(self.qkv_bias) * (q + 2 * kv)
+            + usize::from(self.o_bias) * h
+            + usize::from(self.mlp_bias) * (2 * i + h);
+        let layer = 2 * h * q + 2 * h * kv + 3 * h * i + 2 * h + biases;
+        let lm_head = if self.tie_word_embeddings { 0 } else { v * h };
+        self.num_hidden_layers * layer + v * h + lm_head + h
+    }
+
     /// Parses a config.json document (transformers 4.x or 5.x).
     pub fn from_hf_json(text: &str) -> Result<Config> {
         let v: Value = serde_json::from_str(text).context("config.json is not valid JSON")?;
@@ -285,6 +299,28 @@ mod tests {
         assert!(a.qkv_bias && !a.o_bias);
         assert_eq!(a.sliding_window, None);
         assert_eq!(a.eos_token_ids, vec![5, 7]);
+    }
+
+    #[test]
+    fn parameter_counts_match_the_published_ones() {
+        // SmolLM2-135M: 134,515,008 weights (tied embeddings, no biases).
+        let smollm2 = Config::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+            "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,
+            "vocab_size":49152,"rms_norm_eps":1e-5,"rope_theta":100000.0,
+            "max_position_embeddings":8192,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        assert_eq!(smollm2.parameters(), 134_515_008);
+        // Qwen2.5-0.5B: 494,032,768 (tied, q/k/v biases).
+        let qwen = Config::from_hf_json(
+            r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":896,"intermediate_size":4864,
+            "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,
+            "vocab_size":151936,"rms_norm_eps":1e-6,"rope_theta":1000000.0,
+            "max_position_embeddings":32768,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        assert_eq!(qwen.parameters(), 494_032_768);
     }
 
     #[test]
