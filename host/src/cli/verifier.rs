@@ -6,19 +6,20 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::run::{progress_bar, ConfigArgs};
-use maporl::config::Config;
+use super::run::{progress_bar, Bars, ConfigArgs};
+use maporl::config::{AnswerTurns, Config};
 use maporl::files::expand_home;
 use maporl::session::{held_out, tasks, Session};
-use maporl::verifier::data::{balance, sample_answers, write_jsonl};
+use maporl::verifier::data::{answers_from_debates, balance, sample_answers, write_jsonl};
 use maporl::verifier::train::{train, TrainOptions};
 
 #[derive(Subcommand)]
 pub enum VerifierCommand {
-    /// Samples answers to the config's questions from agent 0's model (the protocol's
-    /// turn-1 prompt, the config's sampling), labels each right or wrong with the config's
-    /// verifier plugin, keeps k right + k wrong per question (questions that cannot be
-    /// balanced are dropped), and writes JSONL.
+    /// Samples answers to the config's questions: every utterance of the run's debates
+    /// (`verifier.generate.turns = "every"`, the default) or agent 0's answers to the
+    /// protocol's turn-1 prompt ("first"), labelled right or wrong by the config's verifier
+    /// plugin; keeps k right + k wrong per question (questions that cannot be balanced are
+    /// dropped), and writes JSONL.
     Generate(GenerateArgs),
     /// Trains a verifier (LoRA + linear head + sigmoid, BCE) on labelled answers; reports
     /// validation AUC and ECE per epoch; checkpoints as `maporl train` does, the result in
@@ -68,22 +69,43 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let g = config.verifier.generate.clone();
     let mut session = Session::open(config)?;
     let (agents, turns) = (session.config.debate.agents, session.config.debate.turns);
-    let batch = session.config.debate.batch_size.max(1);
-    let bar = progress_bar(tasks.len() as u64, "sampling answers");
-    let mut all = Vec::new();
-    for chunk in tasks.chunks(batch) {
-        all.extend(sample_answers(
-            &mut session.plugins.protocol,
-            &mut session.plugins.verifier,
-            &mut session.team,
-            chunk,
-            g.samples_per_question,
-            agents,
-            turns,
-        )?);
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
+    let all = match g.turns {
+        AnswerTurns::Every => {
+            // Whole debates until every task has its answers; the samplers move on, so
+            // each round debates anew.
+            let per_debate = (agents * turns) as usize;
+            let rounds = g.samples_per_question.div_ceil(per_debate);
+            let mut debated = Vec::with_capacity(rounds);
+            for round in 1..=rounds {
+                let label = format!("sampling debates, round {round} of {rounds}");
+                debated.push(
+                    session
+                        .debate_all(&tasks, &label, &mut Bars::default())?
+                        .debates,
+                );
+            }
+            answers_from_debates(&debated, g.samples_per_question)
+        }
+        AnswerTurns::First => {
+            let batch = session.config.debate.batch_size.max(1);
+            let bar = progress_bar(tasks.len() as u64, "sampling answers");
+            let mut all = Vec::new();
+            for chunk in tasks.chunks(batch) {
+                all.extend(sample_answers(
+                    &mut session.plugins.protocol,
+                    &mut session.plugins.verifier,
+                    &mut session.team,
+                    chunk,
+                    g.samples_per_question,
+                    agents,
+                    turns,
+                )?);
+                bar.inc(chunk.len() as u64);
+            }
+            bar.finish_and_clear();
+            all
+        }
+    };
     let right = all.iter().filter(|s| s.correct).count();
     let sampled = all.len();
     let (kept, stats) = balance(all, g.per_class, session.config.seed);

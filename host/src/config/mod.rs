@@ -14,7 +14,7 @@ use crate::plugin::Limits;
 mod ppo;
 mod verifier;
 pub use ppo::{KlEstimator, PpoConfig};
-pub use verifier::{VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
+pub use verifier::{AnswerTurns, VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
 
 /// A whole run: data, team, debate, plugins.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -45,11 +45,26 @@ impl Default for VerifierConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifierGenerateConfig {
-    /// Answers sampled per question (turn-1 prompt of the protocol, agent 0's model).
+    /// Answers sampled per question.
     pub samples_per_question: usize,
     /// Kept per question and class: k right + k wrong (PAPER.md §2: 10 + 10); questions
     /// with fewer than k of either are dropped.
     pub per_class: usize,
+    /// Which answers: every turn's utterances of the run's debates (the verifier then
+    /// learns from the answers it scores, later turns' included), or only turn-1 answers
+    /// of agent 0 to the protocol's first prompt.
+    pub turns: AnswerTurns,
+}
+
+/// Which debate turns the verifier's training answers come from (`verifier.generate.turns`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnswerTurns {
+    /// Every utterance of whole debates, every agent and turn.
+    #[default]
+    Every,
+    /// Agent 0's answers to the protocol's turn-1 prompt.
+    First,
 }
 
 impl Default for VerifierGenerateConfig {
@@ -57,6 +72,7 @@ impl Default for VerifierGenerateConfig {
         VerifierGenerateConfig {
             samples_per_question: 32,
             per_class: 10,
+            turns: AnswerTurns::default(),
         }
     }
 }

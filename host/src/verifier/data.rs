@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::debate::Team;
+use crate::debate::{Debate, Team};
 use crate::plugin::{Protocol, Verifier};
 use crate::transcript::{Task, Transcript};
 
@@ -74,6 +74,42 @@ pub fn sample_answers(
         }
     }
     Ok(out)
+}
+
+/// Labelled answers from whole debates: every utterance (every agent, every turn) of
+/// `rounds` (each round one debate per task, in task order), up to `n` per task in the
+/// order they were said, labelled with the verifier's judgement of that utterance. A
+/// debate dropped for a plugin error gives none.
+pub fn answers_from_debates(rounds: &[Vec<Debate>], n: usize) -> Vec<Sample> {
+    let mut per_task: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for debate in rounds.iter().flatten() {
+        if debate.error.is_some() {
+            continue;
+        }
+        let task = &debate.task;
+        let taken = per_task.entry(task.id.as_str()).or_insert_with(|| {
+            order.push(task.id.as_str());
+            Vec::new()
+        });
+        for u in &debate.transcript.utterances {
+            if taken.len() == n {
+                break;
+            }
+            taken.push(Sample {
+                task_id: task.id.clone(),
+                question: task.question.clone(),
+                response: u.text.clone(),
+                correct: u.correct,
+                answer: u.answer.clone(),
+                reference: task.reference.clone(),
+            });
+        }
+    }
+    order
+        .into_iter()
+        .flat_map(|id| per_task.remove(id).unwrap_or_default())
+        .collect()
 }
 
 /// What [`balance`] kept and dropped.
@@ -167,6 +203,63 @@ mod tests {
             answer: None,
             reference: String::new(),
         }
+    }
+
+    fn debate(id: &str, round: usize, error: bool) -> Debate {
+        let utterances = (0..4u32)
+            .map(|k| crate::transcript::Utterance {
+                turn: k / 2 + 1,
+                agent: k % 2,
+                text: format!("{id} round {round} utterance {k}"),
+                answer: Some(k.to_string()),
+                score: 0.0,
+                correct: k % 2 == 1,
+            })
+            .collect();
+        Debate {
+            task: Task {
+                id: id.into(),
+                kind: "arith".into(),
+                question: format!("q{id}"),
+                reference: "1".into(),
+                fields: vec![],
+            },
+            transcript: Transcript {
+                agents: 2,
+                turns: 2,
+                utterances,
+            },
+            speeches: vec![],
+            decisions: vec![],
+            rewards: vec![],
+            error: error.then(|| "plugin failed".to_string()),
+        }
+    }
+
+    #[test]
+    fn every_turn_of_every_round_gives_answers_up_to_n_per_task() {
+        let rounds = vec![
+            vec![debate("a", 1, false), debate("b", 1, true)],
+            vec![debate("a", 2, false), debate("b", 2, false)],
+        ];
+        let got = answers_from_debates(&rounds, 6);
+        let of = |id: &str| -> Vec<&Sample> { got.iter().filter(|x| x.task_id == id).collect() };
+        // a: all four of round 1 (both turns, both agents), then two of round 2.
+        let a: Vec<&str> = of("a").iter().map(|x| x.response.as_str()).collect();
+        assert_eq!(a.len(), 6);
+        assert_eq!(a[0], "a round 1 utterance 0");
+        assert_eq!(a[3], "a round 1 utterance 3");
+        assert_eq!(a[5], "a round 2 utterance 1");
+        // b's first debate failed: only round 2's four.
+        assert_eq!(of("b").len(), 4);
+        assert!(of("b").iter().all(|x| x.response.contains("round 2")));
+        // Labels and answers are the verifier's, per utterance; tasks stay in order.
+        assert!(got
+            .iter()
+            .all(|x| x.correct == x.answer.as_deref().is_some_and(|a| a == "1" || a == "3")));
+        assert_eq!(got[0].task_id, "a");
+        assert_eq!(got[6].task_id, "b");
+        assert_eq!(got[0].question, "qa");
     }
 
     #[test]
