@@ -114,6 +114,25 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     let run = dir.path().join("maporl");
     let lines = train(&run, &model, &[]);
     assert_eq!(lines.len(), 2, "one line per step");
+    // TensorBoard holds every metric of every line as a scalar at its step.
+    for (tag, path) in [
+        ("learning_rate", vec!["learning_rate"]),
+        ("accuracy/2", vec!["accuracy", "1"]),
+        ("agents/1/kl", vec!["agents", "1", "kl"]),
+        ("reward_parts/influence", vec!["reward_parts", "influence"]),
+    ] {
+        let want: Vec<(i64, f32)> = lines
+            .iter()
+            .map(|l| {
+                let v = path.iter().fold(l, |v, k| match k.parse::<usize>() {
+                    Ok(i) if v.is_array() => &v[i],
+                    _ => &v[*k],
+                });
+                (l["step"].as_i64().unwrap(), v.as_f64().unwrap() as f32)
+            })
+            .collect();
+        assert_eq!(tensorboard_series(&run, tag), want, "{tag}");
+    }
     for line in &lines {
         let agents = line["agents"].as_object().unwrap();
         assert_eq!(agents.keys().collect::<Vec<_>>(), vec!["0", "1"], "{line}");
@@ -221,6 +240,23 @@ fn a_stopped_or_killed_run_resumes_exactly_as_if_it_had_not_stopped() {
         );
         assert_eq!(without_timings(&metrics(run)), without_timings(&expected));
         assert_eq!(files(&run.join("checkpoints/final")), final_files);
+        // TensorBoard shows what an unbroken run shows: the resumed process's file starts
+        // with a SessionLog.START at the first step it redoes (lines count from step 0),
+        // dropping what the stopped one logged from there on.
+        let events = tensorboard_events(run);
+        assert_eq!(events.len(), 2, "one event file per process");
+        assert_eq!(events[1][0], TbEvent::Start(2));
+        for tag in [
+            "learning_rate",
+            "agents/0/policy_loss",
+            "reward_parts/influence",
+        ] {
+            assert_eq!(
+                tensorboard_series(run, tag),
+                tensorboard_series(&whole, tag),
+                "{tag}"
+            );
+        }
     };
 
     // Stopped after two steps (as Ctrl-C would), then resumed.
@@ -396,6 +432,17 @@ fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
         // Each kept debate holds two utterances per agent (two turns).
         assert!(lines.iter().all(|l| l["agent"] != a || l["samples"] == 8));
         assert!(loss[3] < loss[0] - 0.1, "agent {a} losses {loss:?}");
+        // TensorBoard: the agent's loss per epoch (epochs count from 1, as in the lines).
+        let epochs: Vec<i64> = lines
+            .iter()
+            .filter(|l| l["agent"] == a)
+            .map(|l| l["epoch"].as_i64().unwrap())
+            .collect();
+        let want: Vec<(i64, f32)> = epochs
+            .into_iter()
+            .zip(loss.iter().map(|x| *x as f32))
+            .collect();
+        assert_eq!(tensorboard_series(&run, &format!("agent_{a}/loss")), want);
         let adapter = run.join(format!("checkpoints/final/agent-{a}"));
         assert!(adapter.join("adapter_model.safetensors").is_file());
     }

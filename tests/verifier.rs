@@ -518,6 +518,21 @@ fn verifier_train_stopped_and_resumed_ends_exactly_as_an_uninterrupted_run() {
     assert!(text.contains("verifier trained: 12 steps"), "{text}");
 
     assert_eq!(verifier_metrics(&parts), expected);
+    // TensorBoard: the training loss at each epoch's last step, the same as the unbroken
+    // run's (three processes, three files, the two resumed ones starting with a START).
+    let loss = support::tensorboard_series(&parts, "train_loss");
+    assert_eq!(loss, support::tensorboard_series(&whole, "train_loss"));
+    let want: Vec<(i64, f32)> = expected
+        .iter()
+        .map(|l| {
+            (
+                l["step"].as_i64().unwrap(),
+                l["train_loss"].as_f64().unwrap() as f32,
+            )
+        })
+        .collect();
+    assert_eq!(loss, want);
+    assert_eq!(support::tensorboard_events(&parts).len(), 3);
     assert_eq!(
         files(&parts.join("checkpoints/final")),
         files(&whole.join("checkpoints/final"))

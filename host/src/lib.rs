@@ -17,6 +17,7 @@ pub mod optim;
 pub mod plugin;
 pub mod report;
 pub mod session;
+pub mod tensorboard;
 pub mod toy;
 pub mod train;
 pub mod transcript;

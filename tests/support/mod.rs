@@ -316,3 +316,151 @@ pub fn ppo_loss_and_lora_grads(
     }
     (loss.to_scalar::<f32>().unwrap(), flat)
 }
+
+/// One event of a TensorBoard event file, as read back by [`tensorboard_events`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum TbEvent {
+    /// `SessionLog.START` at a step: TensorBoard drops earlier files' events from it on.
+    Start(i64),
+    Scalars(i64, Vec<(String, f32)>),
+}
+
+/// Reads every event file under `run/tensorboard`, in name order, with a reader of its own
+/// (not the writer's code): TFRecord framing with both CRC-32Cs checked bit by bit, and the
+/// few `Event` fields maporl writes. The `file_version` record must come first in each file.
+pub fn tensorboard_events(run: &Path) -> Vec<Vec<TbEvent>> {
+    fn crc32c(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82f6_3b78
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        let crc = !crc;
+        crc.rotate_right(15).wrapping_add(0xa282_ead8)
+    }
+    fn varint(b: &[u8], at: &mut usize) -> u64 {
+        let (mut x, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[*at];
+            *at += 1;
+            x |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return x;
+            }
+            shift += 7;
+        }
+    }
+    /// (field, wire type, payload) of a message.
+    fn fields(b: &[u8]) -> Vec<(u64, u64, Vec<u8>)> {
+        let (mut at, mut out) = (0, Vec::new());
+        while at < b.len() {
+            let key = varint(b, &mut at);
+            let payload = match key & 7 {
+                0 => varint(b, &mut at).to_le_bytes().to_vec(),
+                1 => {
+                    at += 8;
+                    b[at - 8..at].to_vec()
+                }
+                2 => {
+                    let n = varint(b, &mut at) as usize;
+                    at += n;
+                    b[at - n..at].to_vec()
+                }
+                5 => {
+                    at += 4;
+                    b[at - 4..at].to_vec()
+                }
+                w => panic!("wire type {w}"),
+            };
+            out.push((key >> 3, key & 7, payload));
+        }
+        out
+    }
+    let dir = run.join("tensorboard");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    let mut files = Vec::new();
+    for path in names {
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .contains("tfevents"),
+            "{}",
+            path.display()
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        let (mut at, mut events, mut first) = (0, Vec::new(), true);
+        while at < bytes.len() {
+            let len_bytes = &bytes[at..at + 8];
+            let len = u64::from_le_bytes(len_bytes.try_into().unwrap()) as usize;
+            let len_crc = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap());
+            assert_eq!(len_crc, crc32c(len_bytes), "length CRC at byte {at}");
+            let data = &bytes[at + 12..at + 12 + len];
+            let data_crc =
+                u32::from_le_bytes(bytes[at + 12 + len..at + 16 + len].try_into().unwrap());
+            assert_eq!(data_crc, crc32c(data), "data CRC at byte {at}");
+            at += 16 + len;
+            let event = fields(data);
+            let step = event.iter().find(|f| f.0 == 2).map_or(0, |f| {
+                u64::from_le_bytes(f.2.clone().try_into().unwrap()) as i64
+            });
+            assert!(event.iter().any(|f| f.0 == 1 && f.1 == 1), "wall_time");
+            if first {
+                let version = event.iter().find(|f| f.0 == 3).expect("file_version first");
+                assert_eq!(version.2, b"brain.Event:2");
+                first = false;
+                continue;
+            }
+            if let Some(log) = event.iter().find(|f| f.0 == 6) {
+                assert_eq!(fields(&log.2)[0].0, 1, "SessionLog.status");
+                assert_eq!(fields(&log.2)[0].2[0], 1, "START");
+                events.push(TbEvent::Start(step));
+            } else if let Some(summary) = event.iter().find(|f| f.0 == 5) {
+                let values = fields(&summary.2)
+                    .into_iter()
+                    .map(|(_, _, v)| {
+                        let v = fields(&v);
+                        let tag = String::from_utf8(v[0].2.clone()).unwrap();
+                        let x = f32::from_le_bytes(v[1].2.clone().try_into().unwrap());
+                        (tag, x)
+                    })
+                    .collect();
+                events.push(TbEvent::Scalars(step, values));
+            } else {
+                panic!("an event with neither a summary nor a session log");
+            }
+        }
+        files.push(events);
+    }
+    files
+}
+
+/// What TensorBoard shows for `tag`: every file's scalars in order, where a `Start` at step s
+/// drops what earlier files logged from step s on.
+pub fn tensorboard_series(run: &Path, tag: &str) -> Vec<(i64, f32)> {
+    let mut series: Vec<(i64, f32)> = Vec::new();
+    for file in tensorboard_events(run) {
+        for event in file {
+            match event {
+                TbEvent::Start(s) => series.retain(|(step, _)| *step < s),
+                TbEvent::Scalars(step, values) => {
+                    if let Some((_, x)) = values.iter().find(|(t, _)| t == tag) {
+                        series.push((step, *x));
+                    }
+                }
+            }
+        }
+    }
+    series
+}

@@ -262,6 +262,10 @@ impl Trainer {
             .append(true)
             .open(self.metrics_path())
             .with_context(|| format!("opening {}", self.metrics_path().display()))?;
+        // A resumed run's events start again at the first step it redoes (metrics lines
+        // count steps from 0, so that is the number of steps done).
+        let resume_at = (self.step > 0).then_some(self.step as i64);
+        let mut events = crate::tensorboard::EventWriter::create(&self.run_dir, resume_at)?;
         let every = self.cfg.train.checkpoint_every;
         if self.step == 0 && !self.held.is_empty() {
             evaluate::held_out(
@@ -278,6 +282,12 @@ impl Trainer {
             serde_json::to_writer(&mut metrics_file, &line)?;
             metrics_file.write_all(b"\n")?;
             metrics_file.flush()?;
+            let scalars = crate::tensorboard::scalars_of(
+                &serde_json::to_value(&line)?,
+                "",
+                &["step", "trained_turns"],
+            );
+            events.scalars(line.step as i64, &scalars)?;
             self.metrics_lines += 1;
             progress.advance(1);
             let interrupted = stop.load(Ordering::SeqCst);

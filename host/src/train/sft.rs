@@ -75,6 +75,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
     let metrics_path = run_dir.join("metrics.jsonl");
     let mut metrics = std::fs::File::create(&metrics_path)
         .with_context(|| format!("creating {}", metrics_path.display()))?;
+    let mut events = crate::tensorboard::EventWriter::create(&run_dir, None)?;
     let t = &cfg.train;
     for a in 0..cfg.debate.agents {
         // Turns before `adapter_from_turn` are spoken by the base, not the adapter.
@@ -135,6 +136,12 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
             ));
             serde_json::to_writer(&mut metrics, &line)?;
             metrics.write_all(b"\n")?;
+            let scalars = crate::tensorboard::scalars_of(
+                &serde_json::to_value(&line)?,
+                &format!("agent_{a}"),
+                &["agent", "epoch"],
+            );
+            events.scalars(epoch as i64, &scalars)?;
         }
     }
 

@@ -223,6 +223,8 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         std::fs::write(&metrics_path, b"")
             .with_context(|| format!("creating {}", metrics_path.display()))?;
     }
+    let resume_at = (start > 0).then_some(start as i64 + 1);
+    let mut events = crate::tensorboard::EventWriter::create(&opts.run_dir, resume_at)?;
 
     let bs = t.batch_size.max(1);
     let per_epoch = train_idx.len().div_ceil(bs);
@@ -321,6 +323,9 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             serde_json::to_writer(&mut f, &line)?;
             f.write_all(b"\n")?;
             metrics_lines += 1;
+            let scalars =
+                crate::tensorboard::scalars_of(&serde_json::to_value(&line)?, "", &["step"]);
+            events.scalars(step as i64, &scalars)?;
             if opts.verbose {
                 match &v {
                     Some(v) => println!(
