@@ -119,7 +119,6 @@ fn record_batches(
     Ok(())
 }
 
-/// One PPO update of `agent` on `samples`. `reference` is the frozen base (no adapter).
 /// What one update learns from: an agent's samples and the temperature that sampled them.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
@@ -128,6 +127,7 @@ pub struct Batch<'a> {
     pub temperature: f64,
 }
 
+/// One PPO update of `agent` on `batch`. `reference` is the frozen base (no adapter).
 pub fn ppo_step(
     agent: &Agent,
     reference: &Agent,
