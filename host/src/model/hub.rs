@@ -1,0 +1,1092 @@
+//! Models by hub name: `hf:ORG/NAME` or `hf:ORG/NAME@REVISION` (a branch, tag or commit;
+//! default `main`) in `model.path`, `[[agents]] model` or `[verifier] model`.
+//!
+//! [`resolve_model`] downloads what [`super::load`] reads from a Hugging Face folder into the
+//! Hugging Face cache, laid out exactly as `huggingface_hub` lays it out, and returns the
+//! snapshot folder, which then loads like any local folder:
+//!
+//! ```text
+//! $HF_HUB_CACHE (else $HF_HOME/hub, else ~/.cache/huggingface/hub)
+//!   models--ORG--NAME/
+//!     blobs/<etag>                      the files' bytes, named by their ETag
+//!     snapshots/<commit>/<file>         relative symlinks to ../../blobs/<etag> (copies where
+//!                                       symlinks fail)
+//!     refs/<revision>                   the commit a branch or tag resolved to
+//!     .no_exist/<commit>/<file>         an optional file the hub does not have
+//! ```
+//!
+//! Files: `config.json`, `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`
+//! and `special_tokens_map.json` when the repository has them, and the weights:
+//! `model.safetensors`, else `model.safetensors.index.json` and the shards it names.
+//!
+//! Requests are the hub's own: `HEAD {endpoint}/{org}/{name}/resolve/{revision}/{file}`
+//! without following absolute redirects, reading `X-Repo-Commit`, `X-Linked-Etag` or `ETag`,
+//! and `X-Linked-Size` or `Content-Length`; then `GET` from the redirect's `Location` (the
+//! CDN) or the same URL. The first file pins the commit and every other file is asked for at
+//! that commit, so a branch that moves mid-download cannot mix two commits. Every blob is
+//! fetched before any snapshot link or ref is written: a snapshot folder only ever appears
+//! complete. A blob downloads into `blobs/<etag>.incomplete`, continues from where an
+//! interrupted download stopped (`Range: bytes=N-`; a server answering 200 starts it over),
+//! is checked against its sha256 when the ETag is one (LFS files), and is renamed into place.
+//! Two processes fetching the same blob take turns on `.locks/models--ORG--NAME/<etag>.lock`.
+//!
+//! Caching: once `refs/<revision>` names a commit whose snapshot holds every file, that
+//! snapshot is used with no request at all, for a branch as for a commit. A branch is
+//! therefore not revalidated: to pick up newer commits, name the commit (`@<sha>`) or delete
+//! `refs/<revision>`.
+//!
+//! Environment: `HF_HOME`, `HF_HUB_CACHE`, `HF_ENDPOINT` (default `https://huggingface.co`),
+//! `HF_TOKEN` (else `HF_TOKEN_PATH`, else the file `$HF_HOME/token`; sent as
+//! `Authorization: Bearer` to the endpoint's host only, never to a CDN elsewhere) and
+//! `HF_HUB_OFFLINE=1` (the cache only; an error if the files are not there).
+//!
+//! Nothing from the server becomes a path unchecked: ETags, commits and shard names with
+//! `/`, `\`, `..` or NUL are refused, as are sizes over [`MAX_FILE_BYTES`] and bodies longer
+//! than announced.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::files::{expand_home, write_atomic};
+
+/// The prefix that marks a model path as a hub name.
+pub const PREFIX: &str = "hf:";
+/// The hub `HF_ENDPOINT` replaces.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// The revision of `hf:ORG/NAME` without `@REVISION`.
+pub const DEFAULT_REVISION: &str = "main";
+/// The largest file accepted from the hub (64 GiB).
+pub const MAX_FILE_BYTES: u64 = 64 << 30;
+
+/// Files the loader reads; a repository without one is refused.
+const REQUIRED: &[&str] = &["config.json", "tokenizer.json", "tokenizer_config.json"];
+/// Files fetched when the repository has them (a 404 is recorded in `.no_exist`).
+const OPTIONAL: &[&str] = &["generation_config.json", "special_tokens_map.json"];
+const WEIGHTS: &str = "model.safetensors";
+const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
+/// The largest shard index read into memory.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+const MAX_REDIRECTS: usize = 5;
+/// Longest organization or name the hub allows.
+const MAX_NAME_LEN: usize = 96;
+const MAX_REVISION_LEN: usize = 255;
+
+/// Whether `path` names a hub model (`hf:...`).
+pub fn is_hub_path(path: &str) -> bool {
+    path.starts_with(PREFIX)
+}
+
+/// The local path of a config's model string: for `hf:ORG/NAME[@REVISION]` the snapshot
+/// folder in the Hugging Face cache (downloaded first when not there, configured by the
+/// `HF_*` environment variables); otherwise the path itself, `~/` expanded.
+pub fn resolve_model(path: &str) -> Result<PathBuf> {
+    if !is_hub_path(path) {
+        return Ok(expand_home(path));
+    }
+    let model = HubModel::parse(path)?;
+    Hub::from_env()
+        .snapshot(&model)
+        .with_context(|| format!("model {model}"))
+}
+
+/// A parsed `hf:ORG/NAME[@REVISION]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubModel {
+    pub org: String,
+    pub name: String,
+    pub revision: String,
+}
+
+impl HubModel {
+    /// Parses `hf:ORG/NAME` or `hf:ORG/NAME@REVISION`. Each part may hold ASCII letters,
+    /// digits, `-`, `_` and `.`, but no `..`, and may not start or end with `.` or `-`;
+    /// ORG and NAME hold no `--` either (the cache folder is `models--ORG--NAME`).
+    pub fn parse(path: &str) -> Result<HubModel> {
+        let syntax = "expected hf:ORG/NAME or hf:ORG/NAME@REVISION";
+        let spec = path
+            .strip_prefix(PREFIX)
+            .ok_or_else(|| anyhow!("{path:?} is not a hub model name: {syntax}"))?;
+        let (repo, revision) = match spec.split_once('@') {
+            Some((repo, rev)) => (repo, Some(rev)),
+            None => (spec, None),
+        };
+        let Some((org, name)) = repo.split_once('/') else {
+            bail!("bad hub model {path:?}: no `/` between organization and name; {syntax}");
+        };
+        if name.contains('/') {
+            bail!(
+                "bad hub model {path:?}: the name {name:?} has a `/` (only one `/`, between \
+                 organization and name); {syntax}"
+            );
+        }
+        let check = |what: &str, part: &str, max: usize, dashes: bool| {
+            check_part(what, part, max, dashes)
+                .map_err(|why| anyhow!("bad hub model {path:?}: {why}; {syntax}"))
+        };
+        check("organization", org, MAX_NAME_LEN, false)?;
+        check("name", name, MAX_NAME_LEN, false)?;
+        let revision = match revision {
+            Some(rev) => {
+                check("revision", rev, MAX_REVISION_LEN, true)?;
+                rev
+            }
+            None => DEFAULT_REVISION,
+        };
+        Ok(HubModel {
+            org: org.into(),
+            name: name.into(),
+            revision: revision.into(),
+        })
+    }
+
+    /// `ORG/NAME`.
+    pub fn repo_id(&self) -> String {
+        format!("{}/{}", self.org, self.name)
+    }
+
+    /// The repository's folder in the cache: `models--ORG--NAME`.
+    pub fn folder(&self) -> String {
+        format!("models--{}--{}", self.org, self.name)
+    }
+}
+
+impl std::fmt::Display for HubModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{PREFIX}{}/{}@{}", self.org, self.name, self.revision)
+    }
+}
+
+/// Why `part` is no valid organization, name or revision.
+fn check_part(what: &str, part: &str, max: usize, dashes_ok: bool) -> Result<(), String> {
+    if part.is_empty() {
+        return Err(format!("the {what} is empty"));
+    }
+    if part.len() > max {
+        return Err(format!(
+            "the {what} is {} characters long, over the hub's {max}",
+            part.len()
+        ));
+    }
+    if let Some(c) = part
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "the {what} {part:?} has the character {c:?} (allowed: ASCII letters, digits, \
+             `-`, `_`, `.`)"
+        ));
+    }
+    if part.contains("..") {
+        return Err(format!("the {what} {part:?} contains `..`"));
+    }
+    if !dashes_ok && part.contains("--") {
+        return Err(format!("the {what} {part:?} contains `--`"));
+    }
+    if part.starts_with(['.', '-']) || part.ends_with(['.', '-']) {
+        return Err(format!(
+            "the {what} {part:?} starts or ends with `.` or `-`"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the cache is, which hub to ask, with which token.
+#[derive(Clone, Debug)]
+pub struct Hub {
+    /// The hub cache folder (holding `models--ORG--NAME/`).
+    pub cache: PathBuf,
+    /// The hub's base URL, no trailing `/`.
+    pub endpoint: String,
+    pub token: Option<String>,
+    /// Use the cache only.
+    pub offline: bool,
+}
+
+impl Hub {
+    /// From the process's `HF_*` environment variables (see [`Hub::from_vars`]).
+    pub fn from_env() -> Hub {
+        Hub::from_vars(|key| std::env::var(key).ok())
+    }
+
+    /// As `huggingface_hub` reads its settings, from `var` (empty counts as unset):
+    /// cache `HF_HUB_CACHE`, else `HF_HOME/hub` (`HF_HOME` defaulting to
+    /// `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`); endpoint `HF_ENDPOINT`;
+    /// token `HF_TOKEN`, else the file at `HF_TOKEN_PATH`, else `HF_HOME/token`; offline when
+    /// `HF_HUB_OFFLINE` is `1`, `ON`, `YES` or `TRUE`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Hub {
+        let var = |key: &str| var(key).filter(|v| !v.trim().is_empty());
+        let home = match (var("HF_HOME"), var("XDG_CACHE_HOME")) {
+            (Some(home), _) => expand_home(&home),
+            (None, Some(xdg)) => expand_home(&xdg).join("huggingface"),
+            (None, None) => expand_home("~/.cache/huggingface"),
+        };
+        let cache = var("HF_HUB_CACHE")
+            .map(|c| expand_home(&c))
+            .unwrap_or_else(|| home.join("hub"));
+        let endpoint = var("HF_ENDPOINT")
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into())
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        let token = var("HF_TOKEN")
+            .or_else(|| {
+                let file = var("HF_TOKEN_PATH")
+                    .map(|p| expand_home(&p))
+                    .unwrap_or_else(|| home.join("token"));
+                fs::read_to_string(file).ok()
+            })
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_uppercase().as_str(),
+                "1" | "ON" | "YES" | "TRUE"
+            )
+        });
+        Hub {
+            cache,
+            endpoint,
+            token,
+            offline,
+        }
+    }
+
+    /// The snapshot folder of `model`, from the cache when it is complete there (no
+    /// request), else downloaded (unless offline).
+    pub fn snapshot(&self, model: &HubModel) -> Result<PathBuf> {
+        let repo = self.cache.join(model.folder());
+        let cached = cached_commit(&repo, &model.revision)?;
+        let missing = match &cached {
+            Some(commit) => match missing_file(&repo, commit)? {
+                None => return Ok(repo.join("snapshots").join(commit)),
+                Some(file) => format!("snapshots/{commit}/ has no {file}"),
+            },
+            None => format!(
+                "no refs/{} nor snapshots/{}",
+                model.revision, model.revision
+            ),
+        };
+        if self.offline {
+            bail!(
+                "HF_HUB_OFFLINE is set and {model} is not in the cache at {} ({missing}); \
+                 unset HF_HUB_OFFLINE to download it",
+                repo.display()
+            );
+        }
+        self.download(model, &repo)
+    }
+
+    fn download(&self, model: &HubModel, repo: &Path) -> Result<PathBuf> {
+        let client = Client::new(&self.endpoint, self.token.as_deref())?;
+        let url = |revision: &str, file: &str| {
+            format!(
+                "{}/{}/{}/resolve/{revision}/{file}",
+                self.endpoint, model.org, model.name
+            )
+        };
+        let blobs = repo.join("blobs");
+        let locks = self.cache.join(".locks").join(model.folder());
+
+        // Every file's metadata and blob first; the snapshot only once all are in.
+        let config_url = url(&model.revision, REQUIRED[0]);
+        let pinned = is_full_commit(&model.revision).then_some(model.revision.as_str());
+        let mut first = client
+            .head(&config_url, REQUIRED[0], pinned)?
+            .ok_or_else(|| not_found(model, REQUIRED[0], &config_url))?;
+        let commit = first.commit.clone();
+        if first.location == config_url {
+            // Its bytes too come from the commit, not from a branch that may have moved.
+            first.location = url(&commit, REQUIRED[0]);
+        }
+        let mut fetched: Vec<(String, Meta)> = vec![(REQUIRED[0].into(), first)];
+        let mut absent: Vec<String> = Vec::new();
+        let mut wanted: Vec<(String, bool)> = REQUIRED[1..]
+            .iter()
+            .map(|f| (f.to_string(), true))
+            .chain(OPTIONAL.iter().map(|f| (f.to_string(), false)))
+            .collect();
+        wanted.push((WEIGHTS.into(), false));
+        let mut i = 0;
+        while i < wanted.len() {
+            let (file, required) = wanted[i].clone();
+            i += 1;
+            let file_url = url(&commit, &file);
+            match client.head(&file_url, &file, Some(&commit))? {
+                Some(meta) => fetched.push((file, meta)),
+                None if file == WEIGHTS => {
+                    absent.push(WEIGHTS.into());
+                    wanted.push((WEIGHTS_INDEX.into(), true));
+                }
+                None if required => {
+                    if file == WEIGHTS_INDEX {
+                        bail!(
+                            "{} at commit {commit} has neither {WEIGHTS} nor {WEIGHTS_INDEX} \
+                             (maporl loads safetensors weights)",
+                            model.repo_id()
+                        );
+                    }
+                    return Err(not_found(model, &file, &file_url));
+                }
+                None => absent.push(file),
+            }
+        }
+        let mut shards = BTreeSet::new();
+        for (file, meta) in &fetched {
+            fetch_blob(&client, &blobs, &locks, file, meta)?;
+            if file == WEIGHTS_INDEX {
+                shards = shard_names(&blobs.join(&meta.etag), file)?;
+            }
+        }
+        for shard in shards {
+            let shard_url = url(&commit, &shard);
+            let meta = client
+                .head(&shard_url, &shard, Some(&commit))?
+                .ok_or_else(|| not_found(model, &shard, &shard_url))?;
+            fetch_blob(&client, &blobs, &locks, &shard, &meta)?;
+            fetched.push((shard, meta));
+        }
+
+        let snapshot = repo.join("snapshots").join(&commit);
+        fs::create_dir_all(&snapshot)
+            .with_context(|| format!("creating {}", snapshot.display()))?;
+        for (file, meta) in &fetched {
+            link(&blobs, &meta.etag, &snapshot.join(file))?;
+        }
+        let no_exist = repo.join(".no_exist").join(&commit);
+        for file in &absent {
+            fs::create_dir_all(&no_exist)
+                .with_context(|| format!("creating {}", no_exist.display()))?;
+            File::create(no_exist.join(file))
+                .with_context(|| format!("creating {}", no_exist.join(file).display()))?;
+        }
+        if model.revision != commit {
+            write_atomic(&repo.join("refs").join(&model.revision), commit.as_bytes())?;
+        }
+        Ok(snapshot)
+    }
+}
+
+fn not_found(model: &HubModel, file: &str, url: &str) -> anyhow::Error {
+    anyhow!(
+        "{} has no {file} at revision {} (HTTP 404 from {url})",
+        model.repo_id(),
+        model.revision
+    )
+}
+
+/// The commit `revision` stands for in the cache: itself when it is a full commit hash,
+/// else what `refs/<revision>` holds.
+fn cached_commit(repo: &Path, revision: &str) -> Result<Option<String>> {
+    if is_full_commit(revision) {
+        return Ok(Some(revision.to_string()));
+    }
+    let file = repo.join("refs").join(revision);
+    let text = match fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    let commit = text.trim();
+    if !is_commit(commit) {
+        bail!("{} does not hold a commit hash", file.display());
+    }
+    Ok(Some(commit.to_string()))
+}
+
+/// The first file the loader needs that the snapshot of `commit` lacks (files the hub does
+/// not have are marked in `.no_exist/<commit>/`).
+fn missing_file(repo: &Path, commit: &str) -> Result<Option<String>> {
+    let snapshot = repo.join("snapshots").join(commit);
+    let no_exist = repo.join(".no_exist").join(commit);
+    let have = |file: &str| snapshot.join(file).is_file();
+    let absent = |file: &str| no_exist.join(file).is_file();
+    if let Some(file) = REQUIRED.iter().find(|f| !have(f)) {
+        return Ok(Some(file.to_string()));
+    }
+    if let Some(file) = OPTIONAL.iter().find(|f| !have(f) && !absent(f)) {
+        return Ok(Some(file.to_string()));
+    }
+    if have(WEIGHTS) {
+        return Ok(None);
+    }
+    if !absent(WEIGHTS) {
+        return Ok(Some(WEIGHTS.into()));
+    }
+    if !have(WEIGHTS_INDEX) {
+        return Ok(Some(WEIGHTS_INDEX.into()));
+    }
+    let shards = shard_names(&snapshot.join(WEIGHTS_INDEX), WEIGHTS_INDEX)?;
+    Ok(shards.into_iter().find(|s| !have(s)))
+}
+
+/// The shard files `model.safetensors.index.json` names, each checked to be a plain file
+/// name.
+fn shard_names(index: &Path, file: &str) -> Result<BTreeSet<String>> {
+    let len = fs::metadata(index)
+        .with_context(|| format!("reading {}", index.display()))?
+        .len();
+    if len > MAX_INDEX_BYTES {
+        bail!("{file} is {len} bytes, over the limit of {MAX_INDEX_BYTES} for a shard index");
+    }
+    let text = fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{file} is not valid JSON"))?;
+    let map = value
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| anyhow!("{file} has no `weight_map` object"))?;
+    let mut shards = BTreeSet::new();
+    for shard in map.values() {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| anyhow!("{file}: a `weight_map` value is not a string"))?;
+        if let Err(why) = check_file_name(shard) {
+            bail!("{file} names the shard {shard:?}, refused: {why}");
+        }
+        shards.insert(shard.to_string());
+    }
+    if shards.is_empty() {
+        bail!("{file} names no shards");
+    }
+    Ok(shards)
+}
+
+/// Why `name` (from the server) cannot be a file name directly inside a cache folder.
+fn check_file_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 255 {
+        return Err("it is longer than 255 bytes");
+    }
+    if name.contains(['/', '\\']) {
+        return Err("it has a `/` or `\\`");
+    }
+    if name.contains('\0') {
+        return Err("it has a NUL byte");
+    }
+    if name.contains("..") || name.starts_with('.') {
+        return Err("it has `..` or starts with `.`");
+    }
+    if name.chars().any(char::is_control) {
+        return Err("it has a control character");
+    }
+    Ok(())
+}
+
+fn is_commit(s: &str) -> bool {
+    (7..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn is_full_commit(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// What a HEAD on a file's resolve URL told.
+#[derive(Clone, Debug)]
+struct Meta {
+    commit: String,
+    /// Normalized (no `W/`, no quotes) and checked to be a safe file name.
+    etag: String,
+    size: Option<u64>,
+    /// Where to GET the bytes: the CDN a redirect pointed at, or the resolve URL.
+    location: String,
+}
+
+/// HTTP to the hub and its CDN; never follows redirects on its own.
+struct Client {
+    agent: ureq::Agent,
+    endpoint: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(endpoint: &str, token: Option<&str>) -> Result<Client> {
+        if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+            bail!("HF_ENDPOINT {endpoint:?} is not an http(s) URL");
+        }
+        if let Some(t) = token {
+            if t.chars().any(|c| c.is_control() || !c.is_ascii()) {
+                bail!("the Hugging Face token (HF_TOKEN or the token file) has characters an HTTP header cannot carry");
+            }
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .accept_encoding("identity")
+            .timeout_connect(Some(Duration::from_secs(30)))
+            .timeout_per_read(Some(Duration::from_secs(60)))
+            .user_agent(concat!("maporl/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Ok(Client {
+            agent,
+            endpoint: endpoint.to_string(),
+            token: token.map(String::from),
+        })
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        url: &str,
+        range: Option<u64>,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
+        let mut request = match method {
+            "HEAD" => self.agent.head(url),
+            _ => self.agent.get(url),
+        };
+        // The token goes to the hub only, never to a CDN on another host.
+        if let Some(token) = &self.token {
+            if origin(url).eq_ignore_ascii_case(origin(&self.endpoint)) {
+                request = request.header("Authorization", format!("Bearer {token}"));
+            }
+        }
+        if let Some(from) = range {
+            request = request.header("Range", format!("bytes={from}-"));
+        }
+        request
+            .call()
+            .with_context(|| format!("{method} {url} failed"))
+    }
+
+    /// HEAD `url` as `huggingface_hub` does: relative redirects (a renamed repository) are
+    /// followed, an absolute one (the CDN) is not: its `Location` is where the bytes are.
+    /// `None`: the file does not exist (404). `commit`: the commit the server must answer.
+    fn head(&self, url: &str, file: &str, commit: Option<&str>) -> Result<Option<Meta>> {
+        let mut current = url.to_string();
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self.call("HEAD", &current, None)?;
+            let status = response.status().as_u16();
+            let location = header(&response, "location");
+            if (300..400).contains(&status) {
+                let Some(location) = &location else {
+                    bail!("HEAD {current}: HTTP {status} without a Location");
+                };
+                if location.starts_with('/') && !location.starts_with("//") {
+                    current = join_location(&current, location)?;
+                    continue;
+                }
+            } else if status == 404 {
+                let code = header(&response, "x-error-code").unwrap_or_default();
+                if code.is_empty() || code == "EntryNotFound" {
+                    return Ok(None);
+                }
+                return Err(http_error("HEAD", &current, &response));
+            } else if !(200..300).contains(&status) {
+                return Err(http_error("HEAD", &current, &response));
+            }
+            let answered = header(&response, "x-repo-commit").ok_or_else(|| {
+                anyhow!(
+                    "HEAD {current}: no X-Repo-Commit header; is HF_ENDPOINT ({}) a Hugging \
+                     Face hub?",
+                    self.endpoint
+                )
+            })?;
+            if !is_commit(&answered) {
+                bail!("HEAD {current}: refusing X-Repo-Commit {answered:?}: not a commit hash");
+            }
+            if let Some(commit) = commit {
+                if answered != commit {
+                    bail!(
+                        "HEAD {current}: asked for commit {commit}, the server answered {answered}"
+                    );
+                }
+            }
+            let raw = header(&response, "x-linked-etag")
+                .or_else(|| header(&response, "etag"))
+                .ok_or_else(|| anyhow!("HEAD {current}: no ETag for {file}"))?;
+            let etag = normalize_etag(&raw);
+            if let Err(why) = check_file_name(&etag) {
+                bail!("HEAD {current}: refusing the ETag {raw:?} for {file}: {why} (it names the blob file)");
+            }
+            if etag.ends_with(".incomplete") || etag.ends_with(".lock") {
+                bail!("HEAD {current}: refusing the ETag {raw:?} for {file}");
+            }
+            let size_header =
+                header(&response, "x-linked-size").or_else(|| header(&response, "content-length"));
+            let size = match size_header {
+                Some(s) => Some(s.trim().parse::<u64>().map_err(|_| {
+                    anyhow!("HEAD {current}: {file} has the size {s:?}, not a number")
+                })?),
+                None => None,
+            };
+            if let Some(size) = size.filter(|&s| s > MAX_FILE_BYTES) {
+                bail!(
+                    "HEAD {current}: {file} is announced at {size} bytes, over the limit of \
+                     {MAX_FILE_BYTES} bytes ({} GiB)",
+                    MAX_FILE_BYTES >> 30
+                );
+            }
+            let location = match location.filter(|_| (300..400).contains(&status)) {
+                Some(l) => join_location(&current, &l)?,
+                None => current.clone(),
+            };
+            return Ok(Some(Meta {
+                commit: answered,
+                etag,
+                size,
+                location,
+            }));
+        }
+        bail!("HEAD {url}: more than {MAX_REDIRECTS} redirects")
+    }
+
+    /// GET `url` (from byte `from` on when non-zero), following redirects.
+    fn get(&self, url: &str, from: u64) -> Result<ureq::http::Response<ureq::Body>> {
+        let mut current = url.to_string();
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self.call("GET", &current, (from > 0).then_some(from))?;
+            let status = response.status().as_u16();
+            if (300..400).contains(&status) {
+                let location = header(&response, "location")
+                    .ok_or_else(|| anyhow!("GET {current}: HTTP {status} without a Location"))?;
+                current = join_location(&current, &location)?;
+                continue;
+            }
+            return Ok(response);
+        }
+        bail!("GET {url}: more than {MAX_REDIRECTS} redirects")
+    }
+}
+
+fn header(response: &ureq::http::Response<ureq::Body>, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+fn http_error(
+    method: &str,
+    url: &str,
+    response: &ureq::http::Response<ureq::Body>,
+) -> anyhow::Error {
+    let status = response.status();
+    let code = header(response, "x-error-code");
+    let message = header(response, "x-error-message");
+    let hint = match status.as_u16() {
+        401 | 403 => {
+            "; the repository does not exist, or is private or gated: set HF_TOKEN (or put a \
+             token in $HF_HOME/token) with access to it"
+        }
+        404 => "; no such repository or revision",
+        _ => "",
+    };
+    let detail = [code, message]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(": ");
+    let detail = if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    };
+    anyhow!(
+        "{method} {url}: HTTP {} {}{detail}{hint}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    )
+}
+
+/// `W/"abc"` -> `abc`, as `huggingface_hub` normalizes ETags.
+fn normalize_etag(raw: &str) -> String {
+    let raw = raw.trim();
+    raw.strip_prefix("W/")
+        .unwrap_or(raw)
+        .trim_matches('"')
+        .to_string()
+}
+
+/// `scheme://host[:port]` of `url`.
+fn origin(url: &str) -> &str {
+    let after = url.find("://").map_or(0, |i| i + 3);
+    match url[after..].find(['/', '?', '#']) {
+        Some(end) => &url[..after + end],
+        None => url,
+    }
+}
+
+/// The URL a `Location` header points at, from `base`.
+fn join_location(base: &str, location: &str) -> Result<String> {
+    let location = location.trim();
+    if location.starts_with("https://") || location.starts_with("http://") {
+        Ok(location.to_string())
+    } else if let Some(rest) = location.strip_prefix("//") {
+        let scheme = base.split("://").next().unwrap_or("https");
+        Ok(format!("{scheme}://{rest}"))
+    } else if location.starts_with('/') {
+        Ok(format!("{}{location}", origin(base)))
+    } else {
+        bail!("{base}: unsupported redirect to {location:?}")
+    }
+}
+
+/// Makes sure `blobs/<etag>` holds `file`'s bytes: downloads into `<etag>.incomplete`
+/// (continuing a previous attempt), checks size and sha256, renames into place.
+fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Meta) -> Result<()> {
+    let blob = blobs.join(&meta.etag);
+    let sized = |path: &Path| {
+        fs::metadata(path)
+            .ok()
+            .filter(|m| m.is_file() && meta.size.is_none_or(|s| s == m.len()))
+            .is_some()
+    };
+    if sized(&blob) {
+        return Ok(());
+    }
+    fs::create_dir_all(blobs).with_context(|| format!("creating {}", blobs.display()))?;
+    let _lock = lock(&locks.join(format!("{}.lock", meta.etag)))?;
+    if sized(&blob) {
+        return Ok(()); // another process fetched it while this one waited
+    }
+    let part = blobs.join(format!("{}.incomplete", meta.etag));
+    let mut out = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(&part)
+        .with_context(|| format!("opening {}", part.display()))?;
+    let mut have = out
+        .metadata()
+        .with_context(|| format!("reading {}", part.display()))?
+        .len();
+    if meta.size.is_some_and(|s| have > s) {
+        out.set_len(0)?;
+        have = 0;
+    }
+    if meta.size != Some(have) || have == 0 {
+        let mut response = client.get(&meta.location, have)?;
+        let status = response.status().as_u16();
+        match status {
+            206 if have > 0 => {
+                let range = header(&response, "content-range").unwrap_or_default();
+                let start = range
+                    .strip_prefix("bytes ")
+                    .and_then(|r| r.split('-').next())
+                    .and_then(|s| s.trim().parse::<u64>().ok());
+                if start != Some(have) {
+                    bail!(
+                        "GET {}: asked for {file} from byte {have}, got Content-Range {range:?}",
+                        meta.location
+                    );
+                }
+                progress(format_args!(
+                    "downloading {file}: resuming at byte {have} of {}",
+                    size_text(meta.size)
+                ));
+            }
+            200 => {
+                if have > 0 {
+                    progress(format_args!(
+                        "downloading {file}: the server ignored the range, starting over"
+                    ));
+                    out.set_len(0)?;
+                    have = 0;
+                }
+                progress(format_args!(
+                    "downloading {file} ({})",
+                    size_text(meta.size)
+                ));
+            }
+            416 if have > 0 => {
+                // What is there does not fit the file: start over.
+                drop(out);
+                fs::remove_file(&part).with_context(|| format!("removing {}", part.display()))?;
+                drop(_lock);
+                return fetch_blob(client, blobs, locks, file, meta);
+            }
+            _ => return Err(http_error("GET", &meta.location, &response)),
+        }
+        let remaining = meta.size.map(|s| s - have);
+        let announced =
+            header(&response, "content-length").and_then(|l| l.trim().parse::<u64>().ok());
+        if let (Some(announced), Some(remaining)) = (announced, remaining) {
+            if announced != remaining {
+                drop(out);
+                let _ = fs::remove_file(&part);
+                bail!(
+                    "GET {}: the server sends {announced} bytes of {file} where {remaining} \
+                     were announced; refused",
+                    meta.location
+                );
+            }
+        }
+        let limit = remaining.unwrap_or(MAX_FILE_BYTES - have);
+        let mut body = response.body_mut().as_reader().take(limit + 1);
+        let written = copy(&mut body, &mut out).with_context(|| {
+            format!(
+                "GET {}: downloading {file} stopped; run again to resume from {}",
+                meta.location,
+                part.display()
+            )
+        })?;
+        if written > limit {
+            drop(out);
+            let _ = fs::remove_file(&part);
+            bail!(
+                "GET {}: the server sent more than the {limit} bytes announced for {file}; \
+                 refused",
+                meta.location
+            );
+        }
+        have += written;
+        if let Some(size) = meta.size.filter(|&s| s != have) {
+            bail!(
+                "GET {}: {file} ended at byte {have} of {size}; run again to resume from {}",
+                meta.location,
+                part.display()
+            );
+        }
+    }
+    out.sync_all()
+        .with_context(|| format!("syncing {}", part.display()))?;
+    if is_sha256(&meta.etag) {
+        out.seek(SeekFrom::Start(0))?;
+        let mut hasher = Sha256::new();
+        copy(&mut out, &mut HashWriter(&mut hasher))
+            .with_context(|| format!("reading {}", part.display()))?;
+        let actual = hex::encode(hasher.finalize());
+        if actual != meta.etag {
+            drop(out);
+            let _ = fs::remove_file(&part);
+            bail!(
+                "sha256 mismatch for {file} (from {}): expected {}, got {actual}; the download \
+                 is deleted",
+                meta.location,
+                meta.etag
+            );
+        }
+    }
+    drop(out);
+    fs::rename(&part, &blob)
+        .with_context(|| format!("renaming {} into {}", part.display(), blob.display()))?;
+    Ok(())
+}
+
+fn size_text(size: Option<u64>) -> String {
+    match size {
+        Some(s) if s >= 1 << 20 => format!("{:.1} MiB", s as f64 / (1u64 << 20) as f64),
+        Some(s) => format!("{s} bytes"),
+        None => "size unknown".into(),
+    }
+}
+
+fn progress(line: std::fmt::Arguments) {
+    eprintln!("hub: {line}");
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn copy(from: &mut impl Read, to: &mut impl Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+}
+
+/// An exclusive lock on `path` (created), held until the file is dropped.
+fn lock(path: &Path) -> Result<File> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a file descriptor this function owns; released on close.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error())
+                .with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    Ok(file)
+}
+
+/// `snapshot_file` -> `../../blobs/<etag>` (a copy of the blob where symlinks fail).
+fn link(blobs: &Path, etag: &str, snapshot_file: &Path) -> Result<()> {
+    if fs::symlink_metadata(snapshot_file).is_ok() {
+        fs::remove_file(snapshot_file)
+            .with_context(|| format!("replacing {}", snapshot_file.display()))?;
+    }
+    #[cfg(unix)]
+    {
+        let target = Path::new("../../blobs").join(etag);
+        if std::os::unix::fs::symlink(&target, snapshot_file).is_ok() {
+            return Ok(());
+        }
+    }
+    let blob = blobs.join(etag);
+    fs::copy(&blob, snapshot_file)
+        .with_context(|| format!("copying {} to {}", blob.display(), snapshot_file.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(path: &str) -> String {
+        format!("{:#}", HubModel::parse(path).unwrap_err())
+    }
+
+    #[test]
+    fn parses_names_and_revisions() {
+        let m = HubModel::parse("hf:Qwen/Qwen2.5-0.5B-Instruct").unwrap();
+        assert_eq!(
+            (m.org.as_str(), m.name.as_str(), m.revision.as_str()),
+            ("Qwen", "Qwen2.5-0.5B-Instruct", "main")
+        );
+        assert_eq!(m.folder(), "models--Qwen--Qwen2.5-0.5B-Instruct");
+        assert_eq!(m.repo_id(), "Qwen/Qwen2.5-0.5B-Instruct");
+        let m = HubModel::parse("hf:HuggingFaceTB/SmolLM2-135M_x@v1.0").unwrap();
+        assert_eq!(m.revision, "v1.0");
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let m = HubModel::parse(&format!("hf:a/b@{sha}")).unwrap();
+        assert_eq!(m.revision, sha);
+        assert_eq!(m.to_string(), format!("hf:a/b@{sha}"));
+    }
+
+    #[test]
+    fn refuses_bad_names_naming_the_bad_part() {
+        for (path, says) in [
+            ("hf:../x", "organization \"..\""),
+            ("hf:a/b/c", "only one `/`"),
+            ("hf:org/", "the name is empty"),
+            ("hf:/name", "the organization is empty"),
+            ("hf:gpt2", "no `/`"),
+            ("hf:", "no `/`"),
+            ("hf:org/na me", "the name \"na me\" has the character ' '"),
+            ("hf:org/-name", "starts or ends"),
+            ("hf:org/name.", "starts or ends"),
+            ("hf:.org/name", "starts or ends"),
+            ("hf:org/a..b", "contains `..`"),
+            ("hf:org/a--b", "contains `--`"),
+            ("hf:org/name@", "the revision is empty"),
+            (
+                "hf:org/name@../main",
+                "the revision \"../main\" has the character '/'",
+            ),
+            ("hf:org/name@a..b", "revision \"a..b\" contains `..`"),
+            ("hf:org/name@-x", "starts or ends"),
+            (
+                "hf:org/name@x\0",
+                "the revision \"x\\0\" has the character '\\0'",
+            ),
+            ("hf:org/näme", "has the character 'ä'"),
+            ("org/name", "is not a hub model name"),
+        ] {
+            let e = err(path);
+            assert!(e.contains(says), "{path:?}: {e}");
+            if path.starts_with(PREFIX) {
+                assert!(e.contains("hf:ORG/NAME"), "{path:?}: {e}");
+            }
+        }
+        let long = format!("hf:org/{}", "a".repeat(97));
+        assert!(err(&long).contains("over the hub's 96"), "{}", err(&long));
+        assert!(HubModel::parse(&format!("hf:org/{}", "a".repeat(96))).is_ok());
+    }
+
+    #[test]
+    fn etags_and_file_names_from_the_server_are_checked() {
+        assert_eq!(normalize_etag("W/\"abc\""), "abc");
+        assert_eq!(normalize_etag("\"abc\""), "abc");
+        for bad in ["", "../x", "a/b", "a\\b", "..", ".hidden", "a\0b", "a\nb"] {
+            assert!(check_file_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_file_name("model-00001-of-00002.safetensors").is_ok());
+    }
+
+    #[test]
+    fn urls_and_redirects() {
+        assert_eq!(origin("http://127.0.0.1:9/a/b?c"), "http://127.0.0.1:9");
+        assert_eq!(origin("https://huggingface.co"), "https://huggingface.co");
+        assert_eq!(
+            join_location("https://h.co/a/b", "/c/d?x=1").unwrap(),
+            "https://h.co/c/d?x=1"
+        );
+        assert_eq!(
+            join_location("https://h.co/a", "https://cdn.x/y").unwrap(),
+            "https://cdn.x/y"
+        );
+        assert_eq!(
+            join_location("https://h.co/a", "//cdn.x/y").unwrap(),
+            "https://cdn.x/y"
+        );
+        assert!(join_location("https://h.co/a", "file:///etc/passwd").is_err());
+    }
+
+    #[test]
+    fn settings_come_from_the_hf_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("hf");
+        fs::create_dir_all(&home).unwrap();
+        fs::write(home.join("token"), "hf_file\n").unwrap();
+        let vars = |pairs: &'static [(&'static str, &'static str)], home: PathBuf| {
+            move |k: &str| match k {
+                "HF_HOME" => Some(home.to_string_lossy().into_owned()),
+                _ => pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string()),
+            }
+        };
+        let hub = Hub::from_vars(vars(&[], home.clone()));
+        assert_eq!(hub.cache, home.join("hub"));
+        assert_eq!(hub.endpoint, DEFAULT_ENDPOINT);
+        assert_eq!(hub.token.as_deref(), Some("hf_file"));
+        assert!(!hub.offline);
+        let hub = Hub::from_vars(vars(
+            &[
+                ("HF_HUB_CACHE", "/c/hub"),
+                ("HF_ENDPOINT", "http://mirror:8/"),
+                ("HF_TOKEN", "hf_env"),
+                ("HF_HUB_OFFLINE", "1"),
+            ],
+            home.clone(),
+        ));
+        assert_eq!(hub.cache, PathBuf::from("/c/hub"));
+        assert_eq!(hub.endpoint, "http://mirror:8");
+        assert_eq!(hub.token.as_deref(), Some("hf_env"));
+        assert!(hub.offline);
+        for (value, offline) in [("true", true), ("YES", true), ("0", false), ("", false)] {
+            let hub = Hub::from_vars(|k| (k == "HF_HUB_OFFLINE").then(|| value.to_string()));
+            assert_eq!(hub.offline, offline, "{value:?}");
+        }
+    }
+}
