@@ -421,6 +421,230 @@ fn plugin_log_lines_and_errors_on_stderr_cannot_forge_or_rewrite_lines() {
     }
 }
 
+/// `maporl plugin call hostile_protocol.wasm plan-turn` on task `t1` whose question is
+/// `question`, with `env` set and every logging variable not in it removed: (success,
+/// stderr).
+fn plan_turn_logging(question: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let input = json!({
+        "task": {"id": "t1", "kind": "arith", "question": question, "reference": "5"},
+        "turn": 1,
+        "transcript": {"agents": 2, "turns": 3, "utterances": []},
+    })
+    .to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"));
+    cmd.args(["plugin", "call"])
+        .arg(plugin("hostile_protocol"))
+        .args(["plan-turn", "--input", &input]);
+    for var in [
+        "RUST_LOG",
+        "MAPORL_PLUGIN_LOG",
+        "MAPORL_LOG_FORMAT",
+        "NO_COLOR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stderr).expect("stderr is UTF-8"),
+    )
+}
+
+/// Whether a terminal would act on `c` (what the host escapes in plugin text).
+fn acted_on(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+                | '\u{2028}' | '\u{2029}' | '\u{061c}'
+        )
+}
+
+/// The JSON objects of stderr; every line but the command's own `fuel used:` result must be
+/// one.
+fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
+    stderr
+        .lines()
+        .filter(|l| !l.starts_with("fuel used: "))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\n{stderr}"))
+        })
+        .collect()
+}
+
+#[test]
+fn with_maporl_log_format_json_plugin_log_lines_are_json_events_naming_plugin_world_and_task() {
+    let (ok, stderr) = plan_turn_logging(
+        "escape-log",
+        &[
+            ("MAPORL_LOG_FORMAT", "json"),
+            ("RUST_LOG", "warn,maporl::plugin=info"),
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        !stderr.chars().any(|c| c != '\n' && acted_on(c)),
+        "a control character reached stderr: {stderr:?}"
+    );
+    let events = json_lines(&stderr);
+    let plugin_events: Vec<_> = events
+        .iter()
+        .filter(|e| e["target"] == "maporl::plugin")
+        .collect();
+    // configure (about no task), the attack at error level, plan-turn's own info line.
+    assert_eq!(plugin_events.len(), 3, "{stderr}");
+    for e in &plugin_events {
+        assert!(
+            e["plugin"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("hostile_protocol.wasm")),
+            "{e}"
+        );
+        assert_eq!(e["world"], "protocol", "{e}");
+        assert!(e["timestamp"].is_string(), "{e}");
+    }
+    let configure = plugin_events
+        .iter()
+        .find(|e| e["message"].as_str().unwrap().contains("configure"))
+        .expect("the configure line");
+    assert_eq!(configure["level"], "INFO", "{configure}");
+    assert!(configure.get("task").is_none(), "{configure}");
+    let attack = plugin_events
+        .iter()
+        .find(|e| e["level"] == "ERROR")
+        .expect("the error line");
+    assert_eq!(attack["task"], "t1", "{attack}");
+    let message = attack["message"].as_str().unwrap();
+    // Escaped as on a terminal, one line: the JSON value itself holds no control character.
+    assert!(
+        message.starts_with("fine\\nerror: forged by the plugin\\r[plugin other.wasm]"),
+        "{message:?}"
+    );
+    assert!(!message.chars().any(acted_on), "{message:?}");
+    let planned = plugin_events
+        .iter()
+        .find(|e| e["message"].as_str().unwrap().contains("plan-turn 1"))
+        .expect("the plan-turn info line");
+    assert_eq!(
+        (&planned["level"], &planned["task"]),
+        (&json!("INFO"), &json!("t1")),
+        "{planned}"
+    );
+    // Nothing but JSON: a bad RUST_LOG is told as a JSON warning too, and the default
+    // filter applies (plugins' warnings and errors only).
+    let (ok, stderr) = plan_turn_logging(
+        "escape-log",
+        &[("MAPORL_LOG_FORMAT", "json"), ("RUST_LOG", "maporl=loud")],
+    );
+    assert!(ok, "{stderr}");
+    let events = json_lines(&stderr);
+    assert!(
+        events.iter().any(|e| e["level"] == "WARN"
+            && e["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("RUST_LOG=maporl=loud: ")),
+        "{stderr}"
+    );
+    let levels: Vec<_> = events
+        .iter()
+        .filter(|e| e["target"] == "maporl::plugin")
+        .map(|e| e["level"].as_str().unwrap())
+        .collect();
+    assert_eq!(levels, ["ERROR"], "{stderr}");
+}
+
+#[test]
+fn rust_log_and_maporl_plugin_log_choose_which_lines_show() {
+    let plugin_lines = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("[plugin "))
+            .map(|l| {
+                l.split("] ")
+                    .nth(1)
+                    .unwrap()
+                    .split(':')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let debug_lines = |stderr: &str| stderr.lines().filter(|l| l.starts_with("debug: ")).count();
+    // Unset: plugins' warnings and errors only, no debug lines.
+    let (ok, stderr) = plan_turn_logging("escape-log", &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(plugin_lines(&stderr), ["Error"], "{stderr}");
+    assert_eq!(debug_lines(&stderr), 0, "{stderr}");
+    // RUST_LOG=maporl::plugin=info: plugins' info lines too.
+    let (_, stderr) = plan_turn_logging("escape-log", &[("RUST_LOG", "maporl::plugin=info")]);
+    assert_eq!(plugin_lines(&stderr), ["Info", "Error", "Info"], "{stderr}");
+    assert_eq!(debug_lines(&stderr), 0, "{stderr}");
+    // RUST_LOG=debug: the host's debug lines (one per plugin call, with its fields) too.
+    let (_, stderr) = plan_turn_logging("behave", &[("RUST_LOG", "debug")]);
+    assert_eq!(plugin_lines(&stderr), ["Info", "Info"], "{stderr}");
+    let calls: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.starts_with("debug: plugin call "))
+        .collect();
+    assert_eq!(calls.len(), 2, "configure and plan-turn: {stderr}");
+    assert!(
+        calls[1].contains(" world=protocol function=plan-turn task=t1 fuel="),
+        "{stderr}"
+    );
+    // MAPORL_PLUGIN_LOG sets plugins' level over RUST_LOG's.
+    let (_, stderr) = plan_turn_logging(
+        "escape-log",
+        &[
+            ("RUST_LOG", "maporl::plugin=info"),
+            ("MAPORL_PLUGIN_LOG", "off"),
+        ],
+    );
+    assert!(plugin_lines(&stderr).is_empty(), "{stderr}");
+    let (_, stderr) = plan_turn_logging("escape-log", &[("MAPORL_PLUGIN_LOG", "info")]);
+    assert_eq!(plugin_lines(&stderr), ["Info", "Error", "Info"], "{stderr}");
+    // A RUST_LOG that does not parse: told, and the default applies.
+    let (ok, stderr) = plan_turn_logging("escape-log", &[("RUST_LOG", "maporl=loud")]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.starts_with("warning: RUST_LOG=maporl=loud: "),
+        "{stderr}"
+    );
+    assert_eq!(plugin_lines(&stderr), ["Error"], "{stderr}");
+}
+
+#[test]
+fn in_text_mode_a_plugin_log_line_is_one_tagged_line_with_every_escape_shown() {
+    let (ok, stderr) = plan_turn_logging(
+        "escape-log",
+        &[("RUST_LOG", "trace"), ("MAPORL_LOG_FORMAT", "text")],
+    );
+    assert!(ok, "{stderr}");
+    // stderr is not a terminal here: no colour, and nothing of the plugin's acts on one.
+    assert!(
+        !stderr.chars().any(|c| c != '\n' && acted_on(c)),
+        "a control character reached stderr: {stderr:?}"
+    );
+    let attack: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.contains("forged by the plugin"))
+        .collect();
+    assert_eq!(attack.len(), 1, "{stderr}");
+    let file = plugin("hostile_protocol");
+    assert_eq!(
+        attack[0],
+        format!(
+            "[plugin {} world=protocol task=t1] Error: fine\\nerror: forged by the plugin\\r\
+             [plugin other.wasm] Error: x\\u{{1b}}[2J\\u{{1b}}[31mred\\u{{1b}}]0;pwned\\u{{7}}\\u{{9b}}1A\
+             \\u{{202e}}gpj.exe\\u{{2028}}end",
+            file.display()
+        )
+    );
+}
+
 #[test]
 fn a_plugin_that_sleeps_is_stopped_at_once_in_every_world() {
     let (rt, _, _c) = runtime();

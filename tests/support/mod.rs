@@ -54,7 +54,9 @@ pub fn runtime_with(
     let runtime = Runtime::new(RuntimeOptions {
         cache_dir: Some(cache.path().to_path_buf()),
         seed,
-        log: Arc::new(move |p, l, m| sink.lock().unwrap().push((p.into(), l, m.into()))),
+        log: Arc::new(move |o: &maporl::plugin::LogOrigin<'_>, l, m| {
+            sink.lock().unwrap().push((o.plugin.into(), l, m.into()))
+        }),
         judge,
     })
     .expect("runtime");

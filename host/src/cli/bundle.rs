@@ -476,8 +476,8 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
             };
             let v = bundle::verify(&runtime()?, &dir, &policy)?;
             if v.trust == Trust::Unsigned {
-                eprintln!(
-                    "warning: {} is unsigned; others will need --allow-unsigned to use it",
+                tracing::warn!(
+                    "{} is unsigned; others will need --allow-unsigned to use it",
                     v.manifest.id()
                 );
             }
@@ -583,8 +583,8 @@ fn print_verified(v: &bundle::Verified, policy: &TrustPolicy) {
         );
     }
     if !matches!(v.trust, Trust::Trusted { .. }) {
-        eprintln!(
-            "warning: {} is {}; accepted only because unsigned bundles are allowed \
+        tracing::warn!(
+            "{} is {}; accepted only because unsigned bundles are allowed \
              (trusted keys: {})",
             v.manifest.id(),
             v.trust,

@@ -20,9 +20,7 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
             eprintln!("\ninterrupted: checkpointing after this step (Ctrl-C again to exit now)");
         });
         if let Err(e) = installed {
-            eprintln!(
-                "warning: cannot catch Ctrl-C ({e}); an interrupt will lose the current step"
-            );
+            tracing::warn!("cannot catch Ctrl-C ({e}); an interrupt will lose the current step");
         }
         flag
     })

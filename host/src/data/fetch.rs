@@ -101,7 +101,7 @@ pub fn fetch(dataset: &str, dir: &Path, base_url: Option<&str>) -> anyhow::Resul
             "gsm8k" => super::gsm8k(path)?,
             _ => super::anli(path)?,
         };
-        eprintln!("{}: {} records", path.display(), tasks.len());
+        tracing::info!("{}: {} records", path.display(), tasks.len());
     }
     Ok(files)
 }
@@ -112,14 +112,14 @@ fn fetch_gsm8k(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
     for &(name, expected) in GSM8K_FILES {
         let dest = dir.join(name);
         if matches_hash(&dest, expected)? {
-            eprintln!("{}: present, sha256 ok", dest.display());
+            tracing::info!("{}: present, sha256 ok", dest.display());
         } else {
             let url = format!("{host}{GSM8K_PATH}{name}");
             let tmp = download(&url, dir)?;
             let actual = sha256_file(tmp.path())?;
             check_hash(&dest, &url, expected, &actual)?;
             persist(tmp, &dest)?;
-            eprintln!("{}: downloaded, sha256 ok", dest.display());
+            tracing::info!("{}: downloaded, sha256 ok", dest.display());
         }
         files.push(dest);
     }
@@ -129,7 +129,7 @@ fn fetch_gsm8k(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
 fn fetch_anli(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
     create_dir(dir)?;
     if let Some(files) = anli_present(dir)? {
-        eprintln!("{}: present, sha256 ok", dir.display());
+        tracing::info!("{}: present, sha256 ok", dir.display());
         return Ok(files);
     }
     let url = format!("{host}{ANLI_PATH}");
@@ -163,7 +163,7 @@ fn fetch_anli(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
         let actual = hex::encode(hasher.finalize());
         match expected {
             Some(expected) => check_hash(&dest, &url, expected, &actual)?,
-            None => eprintln!(
+            None => tracing::warn!(
                 "{}: no pinned hash; sha256 {actual} (recorded in {ANLI_MANIFEST})",
                 dest.display()
             ),
@@ -178,7 +178,7 @@ fn fetch_anli(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
     for (split, dest, tmp, actual, pinned) in extracted {
         persist(tmp, &dest)?;
         let check = if pinned { ", sha256 ok" } else { "" };
-        eprintln!("{}: extracted{check}", dest.display());
+        tracing::info!("{}: extracted{check}", dest.display());
         manifest.push_str(&format!("{actual}  {split}.jsonl\n"));
         files.push(dest);
     }
@@ -223,7 +223,7 @@ fn anli_present(dir: &Path) -> anyhow::Result<Option<Vec<PathBuf>>> {
 
 /// GETs `url` into a temp file in `dir` (removed on drop unless persisted).
 fn download(url: &str, dir: &Path) -> anyhow::Result<NamedTempFile> {
-    eprintln!("downloading {url}");
+    tracing::info!("downloading {url}");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(30)))

@@ -131,6 +131,7 @@ impl<B: WorldBindings> Handle<B> {
     fn start(&mut self, task: Option<&str>) -> Result<(), PluginError> {
         let sandbox = Sandbox::new(
             &self.identity.name,
+            B::WORLD,
             &self.limits,
             self.seed,
             self.log.clone(),
@@ -159,7 +160,9 @@ impl<B: WorldBindings> Handle<B> {
 
     fn arm(&self, store: &mut Store<Sandbox>, task: Option<&str>) {
         let judged = task.map_or(0, |t| self.judged_by_task.get(t).copied().unwrap_or(0));
-        store.data_mut().begin_call(self.limits.deadline_ms, judged);
+        store
+            .data_mut()
+            .begin_call(self.limits.deadline_ms, judged, task);
         store
             .set_fuel(self.limits.fuel)
             .expect("fuel is enabled on the engine");
@@ -183,8 +186,22 @@ impl<B: WorldBindings> Handle<B> {
         }
         let (mut store, bindings) = self.live.take().expect("started above");
         self.arm(&mut store, task);
+        let started = std::time::Instant::now();
         let outcome = f(&bindings, &mut store);
         self.fuel_used = self.limits.fuel - store.get_fuel().unwrap_or(0);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let task = task.map(super::printable);
+            tracing::debug!(
+                plugin = %super::printable(&self.identity.name),
+                world = self.identity.world.name(),
+                function,
+                task = task.as_deref(),
+                fuel = self.fuel_used,
+                micros = started.elapsed().as_micros() as u64,
+                ok = matches!(outcome, Ok(Ok(_))),
+                "plugin call"
+            );
+        }
         if let Some(task) = task.filter(|_| store.data().judged() > 0) {
             *self.judged_by_task.entry(task.to_string()).or_default() += store.data().judged();
         }
@@ -254,12 +271,9 @@ impl<B: WorldBindings> Handle<B> {
         let contents = store.data().stderr.contents();
         if contents.len() > self.stderr_seen {
             let new = String::from_utf8_lossy(&contents[self.stderr_seen..]).to_string();
+            let origin = store.data().log_origin();
             for line in new.lines().filter(|l| !l.trim().is_empty()) {
-                (self.log)(
-                    &self.identity.name,
-                    LogLevel::Info,
-                    &format!("stderr: {line}"),
-                );
+                (self.log)(&origin, LogLevel::Info, &format!("stderr: {line}"));
             }
             self.stderr_seen = contents.len();
         }

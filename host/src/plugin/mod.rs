@@ -34,9 +34,10 @@ pub use printable::{printable, printable_lines};
 pub use protocol::Protocol;
 pub use runtime::{Runtime, RuntimeOptions};
 pub use sandbox::{
-    stderr_sink, Judge, Limits, LogLevel, LogSink, JUDGE_MAX_QUESTION_BYTES, JUDGE_MAX_RESPONSES,
-    JUDGE_MAX_RESPONSES_PER_CALL, JUDGE_MAX_RESPONSES_PER_DEBATE, JUDGE_MAX_RESPONSE_BYTES,
-    MAX_INSTANCES, MAX_MEMORIES, MAX_TABLES, TABLE_ELEMENT_BYTES,
+    stderr_sink, Judge, Limits, LogLevel, LogOrigin, LogSink, JUDGE_MAX_QUESTION_BYTES,
+    JUDGE_MAX_RESPONSES, JUDGE_MAX_RESPONSES_PER_CALL, JUDGE_MAX_RESPONSES_PER_DEBATE,
+    JUDGE_MAX_RESPONSE_BYTES, MAX_INSTANCES, MAX_MEMORIES, MAX_TABLES, PLUGIN_LOG_TARGET,
+    TABLE_ELEMENT_BYTES,
 };
 pub use shaper::RewardShaper;
 pub use verifier::Verifier;

@@ -100,13 +100,7 @@ impl Runtime {
         let ticker = EpochTicker::start(engine.clone());
         let cache = options.cache_dir.as_ref().and_then(|dir| {
             super::cache::CompiledCache::open(dir)
-                .map_err(|why| {
-                    (options.log)(
-                        "host",
-                        super::LogLevel::Warn,
-                        &format!("not using the compiled-component cache: {why}"),
-                    )
-                })
+                .map_err(|why| tracing::warn!("not using the compiled-component cache: {why}"))
                 .ok()
         });
         Ok(Runtime {
@@ -207,13 +201,9 @@ impl Runtime {
                 .map_err(|e| anyhow::anyhow!("{e:#}"))
                 .and_then(|compiled| cache.put(sha256, &self.engine_key, &compiled));
             if let Err(e) = written {
-                (self.options.log)(
-                    "host",
-                    super::LogLevel::Warn,
-                    &format!(
-                        "cannot cache the compiled component at {}: {e}",
-                        cache.path(sha256, &self.engine_key).display()
-                    ),
+                tracing::warn!(
+                    "cannot cache the compiled component at {}: {e}",
+                    cache.path(sha256, &self.engine_key).display()
                 );
             }
         }

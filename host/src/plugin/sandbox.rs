@@ -14,6 +14,7 @@ use wasmtime_wasi::{
 };
 
 use super::bindings::host;
+use super::World;
 
 /// Resource limits of one plugin, per call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,35 +113,54 @@ pub enum LogLevel {
     Error,
 }
 
-/// Where plugins' log lines go: called with the plugin's name, the level and the line.
-pub type LogSink = Arc<dyn Fn(&str, LogLevel, &str) + Send + Sync>;
-
-/// The default sink: warnings and errors on stderr, everything with MAPORL_PLUGIN_LOG=debug.
-/// Each log call is one line, `[plugin FILE] Level: text`, with everything a terminal would
-/// act on in the name and the text escaped ([`super::printable`]): a plugin can neither
-/// rewrite the screen nor print a line that passes for the host's or another plugin's.
-pub fn stderr_sink() -> LogSink {
-    let threshold = match std::env::var("MAPORL_PLUGIN_LOG").as_deref() {
-        Ok("debug") => LogLevel::Debug,
-        Ok("info") => LogLevel::Info,
-        Ok("error") => LogLevel::Error,
-        _ => LogLevel::Warn,
-    };
-    Arc::new(move |plugin, level, line| {
-        if level >= threshold {
-            eprintln!("{}", log_line(plugin, level, line));
-        }
-    })
+/// Who wrote a plugin log line: the plugin (the component file as given), its world, and
+/// the task its call was about (`None` for calls about no one task, e.g. `configure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogOrigin<'a> {
+    pub plugin: &'a str,
+    pub world: World,
+    pub task: Option<&'a str>,
 }
 
-/// How the default sink shows a plugin's log line.
-pub(crate) fn log_line(plugin: &str, level: LogLevel, line: &str) -> String {
+/// Where plugins' log lines go: called with who wrote the line, the level and the line (as
+/// the plugin wrote it: a sink that shows it must escape it, see [`super::printable`]).
+pub type LogSink = Arc<dyn Fn(&LogOrigin<'_>, LogLevel, &str) + Send + Sync>;
+
+/// The tracing target of plugins' log lines: `RUST_LOG=maporl::plugin=debug` shows them all.
+pub const PLUGIN_LOG_TARGET: &str = "maporl::plugin";
+
+/// The default sink: each log call is one `tracing` event, target [`PLUGIN_LOG_TARGET`],
+/// at the level the plugin gave, with the fields `plugin` (name), `world` and `task` (when
+/// the call was about one task). Which levels show is the subscriber's filter (the
+/// `maporl` binary: warnings and errors unless `RUST_LOG` or `MAPORL_PLUGIN_LOG` say
+/// otherwise). The name, the task id and the text are escaped ([`super::printable`])
+/// before they reach the event, so that whatever subscriber formats it, a plugin can
+/// neither rewrite the screen nor print a line that passes for the host's or another
+/// plugin's; a sink of one's own gets the text as written.
+pub fn stderr_sink() -> LogSink {
+    Arc::new(emit_log_event)
+}
+
+/// One plugin log line as a `tracing` event (see [`stderr_sink`]).
+pub(crate) fn emit_log_event(origin: &LogOrigin<'_>, level: LogLevel, line: &str) {
     use super::printable::printable;
-    format!(
-        "[plugin {}] {level:?}: {}",
-        printable(plugin),
-        printable(line)
-    )
+    let plugin = printable(origin.plugin);
+    let plugin = plugin.as_ref();
+    let world = origin.world.name();
+    let task = origin.task.map(printable);
+    let task = task.as_deref();
+    let line = printable(line);
+    macro_rules! event {
+        ($level:expr) => {
+            tracing::event!(target: PLUGIN_LOG_TARGET, $level, plugin, world, task, "{line}")
+        };
+    }
+    match level {
+        LogLevel::Debug => event!(tracing::Level::DEBUG),
+        LogLevel::Info => event!(tracing::Level::INFO),
+        LogLevel::Warn => event!(tracing::Level::WARN),
+        LogLevel::Error => event!(tracing::Level::ERROR),
+    }
 }
 
 /// Most log text one call may write; the rest is dropped with a note.
@@ -172,6 +192,9 @@ pub(crate) struct Sandbox {
     /// the footprint it would have made, and the cap.
     pub(crate) memory_refused: Option<(usize, usize)>,
     plugin_name: String,
+    world: World,
+    /// The task the call in progress is about, if it is about one: told with its log lines.
+    task: Option<String>,
     log: LogSink,
     log_bytes: usize,
     judge: Option<Arc<dyn Judge>>,
@@ -186,6 +209,7 @@ pub(crate) struct Sandbox {
 impl Sandbox {
     pub(crate) fn new(
         plugin_name: &str,
+        world: World,
         limits: &Limits,
         seed: u64,
         log: LogSink,
@@ -214,6 +238,8 @@ impl Sandbox {
             footprint: 0,
             memory_refused: None,
             plugin_name: plugin_name.to_string(),
+            world,
+            task: None,
             log,
             log_bytes: 0,
             judge,
@@ -224,9 +250,18 @@ impl Sandbox {
     }
 
     /// Called before each call: resets the per-call budgets; the call must end within
-    /// `deadline_ms`, and the debate it belongs to has had `judged_before` responses judged.
-    pub(crate) fn begin_call(&mut self, deadline_ms: u64, judged_before: usize) {
+    /// `deadline_ms`, and the debate it belongs to has had `judged_before` responses judged;
+    /// `task` is the task it is about, if it is about one (its log lines tell it).
+    pub(crate) fn begin_call(
+        &mut self,
+        deadline_ms: u64,
+        judged_before: usize,
+        task: Option<&str>,
+    ) {
         self.log_bytes = 0;
+        if self.task.as_deref() != task {
+            self.task = task.map(str::to_string);
+        }
         self.memory_refused = None;
         self.judged = 0;
         self.judged_before = judged_before;
@@ -234,6 +269,15 @@ impl Sandbox {
             std::time::Instant::now() + Duration::from_millis(deadline_ms),
             deadline_ms,
         ));
+    }
+
+    /// Who writes the log lines of the call in progress.
+    pub(crate) fn log_origin(&self) -> LogOrigin<'_> {
+        LogOrigin {
+            plugin: &self.plugin_name,
+            world: self.world,
+            task: self.task.as_deref(),
+        }
     }
 
     /// Responses the call in progress has had judged.
@@ -381,8 +425,9 @@ impl host::Host for Sandbox {
             host::Level::Warn => LogLevel::Warn,
             host::Level::Error => LogLevel::Error,
         };
+        let origin = self.log_origin();
         if message.len() <= room {
-            (self.log)(&self.plugin_name, level, &message);
+            (self.log)(&origin, level, &message);
         } else {
             let mut cut = room;
             while !message.is_char_boundary(cut) {
@@ -392,7 +437,7 @@ impl host::Host for Sandbox {
                 "{}... [log budget of {LOG_BYTES_PER_CALL} bytes per call spent; rest dropped]",
                 &message[..cut]
             );
-            (self.log)(&self.plugin_name, level, &line);
+            (self.log)(&origin, level, &line);
         }
     }
 
@@ -517,7 +562,7 @@ mod footprint_tests {
         };
         let mut store = Store::new(
             engine,
-            Sandbox::new("t.wasm", &limits, 0, stderr_sink(), None),
+            Sandbox::new("t.wasm", World::Protocol, &limits, 0, stderr_sink(), None),
         );
         store.limiter(|s| s as &mut dyn ResourceLimiter);
         store
@@ -684,7 +729,14 @@ mod tests {
     }
 
     fn sandbox(judge: Option<Arc<dyn Judge>>) -> Sandbox {
-        Sandbox::new("t", &Limits::default(), 0, stderr_sink(), judge)
+        Sandbox::new(
+            "t",
+            World::Verifier,
+            &Limits::default(),
+            0,
+            stderr_sink(),
+            judge,
+        )
     }
 
     /// The WIT contract of `judge`, the configure-time probe `judge("", [])` included.

@@ -217,7 +217,7 @@ impl Trainer {
             );
         }
         for change in changes {
-            eprintln!("warning: resuming with a changed plugin: {change}");
+            tracing::warn!("resuming with a changed plugin: {change}");
         }
         if resume_from.is_none() {
             session.start_run_dir(&run_dir)?;

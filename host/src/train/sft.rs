@@ -84,7 +84,10 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
             .filter(|s| s.turn >= t.adapter_from_turn)
             .collect();
         if samples.is_empty() {
-            eprintln!("agent {a} has no utterances in the kept debates; it stays untrained");
+            tracing::warn!(
+                agent = a,
+                "no utterances in the kept debates: the agent stays untrained"
+            );
             continue;
         }
         let agent = session.team.agent_mut(a as usize);
