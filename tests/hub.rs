@@ -237,7 +237,7 @@ fn serve(
 
     let all: BTreeMap<String, (String, Vec<u8>)> = repos
         .values()
-        .flat_map(|files| files.iter())
+        .flatten()
         .map(|(f, b)| (etag_of(f, b), (f.clone(), b.clone())))
         .collect();
     let parts: Vec<&str> = path.trim_start_matches('/').splitn(5, '/').collect();

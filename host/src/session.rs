@@ -65,8 +65,8 @@ impl Session {
     pub fn open(config: Config) -> anyhow::Result<Session> {
         let (plugins, lock) = load_plugins(&config)?;
         let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
-            .map(|a| expand_home(config.agent_model(a)))
-            .collect();
+            .map(|a| crate::model::resolve_model(config.agent_model(a)))
+            .collect::<anyhow::Result<_>>()?;
         let opts = TeamOptions {
             sampling: (0..paths.len()).map(|a| config.agent_sampling(a)).collect(),
             max_new_tokens: config.generation.max_new_tokens,
@@ -160,7 +160,7 @@ fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
         told.push(format!("agent {a} on {} ({choice})", device_name(&device)));
         devices.push(device);
     }
-    eprintln!("devices: {}", told.join(", "));
+    tracing::info!("devices: {}", told.join(", "));
     Ok(devices)
 }
 

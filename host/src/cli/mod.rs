@@ -3,6 +3,7 @@
 mod bundle;
 mod demo;
 mod interrupt;
+mod logging;
 mod plugin;
 mod report;
 mod run;
@@ -77,6 +78,7 @@ enum DataCommand {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plugin(cmd) => plugin::run(cmd),

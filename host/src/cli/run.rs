@@ -61,7 +61,7 @@ pub(super) fn print_evaluation(e: &Evaluation) {
         100.0 * e.plugin_time.as_secs_f64() / elapsed
     );
     for d in e.debates.iter().filter(|d| d.error.is_some()) {
-        eprintln!(
+        tracing::warn!(
             "dropped task {}: {}",
             d.task.id,
             d.error.as_deref().unwrap_or_default()

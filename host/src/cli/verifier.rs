@@ -8,7 +8,6 @@ use clap::{Args, Subcommand};
 
 use super::run::{progress_bar, Bars, ConfigArgs};
 use maporl::config::{AnswerTurns, Config};
-use maporl::files::expand_home;
 use maporl::session::{held_out, tasks, Session};
 use maporl::verifier::data::{answers_from_debates, balance, sample_answers, write_jsonl};
 use maporl::verifier::train::{train, TrainOptions};
@@ -147,7 +146,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(&config.run_dir));
     let opts = TrainOptions {
-        model: expand_home(&model_name),
+        model: maporl::model::resolve_model(&model_name)?,
         model_name,
         data: args.data.clone(),
         run_dir: run_dir.clone(),

@@ -20,6 +20,13 @@ pub struct WarmStartArgs {
 
 pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config, &args.config.overrides)?;
+    if maporl::model::hub::is_hub_path(&config.model.path) {
+        anyhow::bail!(
+            "model.path = {:?} names a hub model; warm-start writes the model it makes to \
+             model.path, so it must be a local folder",
+            config.model.path
+        );
+    }
     let out = expand_home(&config.model.path);
     if config.warm_start.is_none() {
         anyhow::bail!(

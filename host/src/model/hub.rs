@@ -885,7 +885,7 @@ fn size_text(size: Option<u64>) -> String {
 }
 
 fn progress(line: std::fmt::Arguments) {
-    eprintln!("hub: {line}");
+    tracing::info!("hub: {line}");
 }
 
 struct HashWriter<'a>(&'a mut Sha256);

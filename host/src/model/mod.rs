@@ -12,6 +12,7 @@ mod decoder;
 mod frozen;
 mod fused;
 mod generate;
+pub mod hub;
 mod load;
 mod lora;
 mod memory;
@@ -27,6 +28,7 @@ pub use generate::{
     generate, score, score_at_temperature, GenerateOptions, Generation, RngState, Sampler,
     SamplingParams, Scored,
 };
+pub use hub::resolve_model;
 pub use load::{load, random, Loaded};
 pub use lora::{Lora, LoraConfig, ValueHead};
 pub use memory::{keep_freed_memory, resident_mib, Resident};

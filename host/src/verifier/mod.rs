@@ -357,7 +357,7 @@ impl LearnedVerifier {
             .open()
             .context("verifier.device")?;
         Self::load(
-            &expand_home(model),
+            &crate::model::resolve_model(model)?,
             &expand_home(&v.checkpoint),
             dtype,
             &device,
