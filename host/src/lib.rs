@@ -16,6 +16,7 @@ pub mod model;
 pub mod optim;
 pub mod plugin;
 pub mod report;
+pub mod serve;
 pub mod session;
 pub mod tensorboard;
 pub mod toy;

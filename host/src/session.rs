@@ -64,31 +64,7 @@ impl Session {
     /// anything.
     pub fn open(config: Config) -> anyhow::Result<Session> {
         let (plugins, lock) = load_plugins(&config)?;
-        let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
-            .map(|a| crate::model::resolve_model(config.agent_model(a)))
-            .collect::<anyhow::Result<_>>()?;
-        let opts = TeamOptions {
-            sampling: (0..paths.len()).map(|a| config.agent_sampling(a)).collect(),
-            max_new_tokens: config.generation.max_new_tokens,
-            // A turn's prompts for every agent on one base form one batch.
-            batch_size: config.debate.batch_size * config.debate.agents as usize,
-            seed: config.seed,
-            dtype: config.model.candle_dtype(),
-        };
-        let devices = agent_devices(&config)?;
-        let mut team = ModelTeam::load(&paths, &devices, &opts)?;
-        for a in 0..config.debate.agents as usize {
-            if let Some(dir) = config.agent_adapter(a) {
-                let dir = expand_home(dir);
-                let agent = team.agent_mut(a);
-                agent.lora =
-                    Some(Lora::load(&dir, &agent.base).with_context(|| {
-                        format!("agents[{a}].adapter: loading {}", dir.display())
-                    })?);
-            }
-        }
-        // The paper's frozen turn-1 policy: adapters speak from this turn on.
-        team.use_adapters_from_turn(config.train.adapter_from_turn);
+        let team = load_team(&config)?;
         Ok(Session {
             config,
             plugins,
@@ -148,6 +124,37 @@ impl Session {
     }
 }
 
+/// The config's team of agents, each with the adapter its `[[agents]]` entry names, on its
+/// device.
+pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
+    let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
+        .map(|a| crate::model::resolve_model(config.agent_model(a)))
+        .collect::<anyhow::Result<_>>()?;
+    let opts = TeamOptions {
+        sampling: (0..paths.len()).map(|a| config.agent_sampling(a)).collect(),
+        max_new_tokens: config.generation.max_new_tokens,
+        // A turn's prompts for every agent on one base form one batch.
+        batch_size: config.debate.batch_size * config.debate.agents as usize,
+        seed: config.seed,
+        dtype: config.model.candle_dtype(),
+    };
+    let devices = agent_devices(config)?;
+    let mut team = ModelTeam::load(&paths, &devices, &opts)?;
+    for a in 0..config.debate.agents as usize {
+        if let Some(dir) = config.agent_adapter(a) {
+            let dir = expand_home(dir);
+            let agent = team.agent_mut(a);
+            agent.lora = Some(
+                Lora::load(&dir, &agent.base)
+                    .with_context(|| format!("agents[{a}].adapter: loading {}", dir.display()))?,
+            );
+        }
+    }
+    // The paper's frozen turn-1 policy: adapters speak from this turn on.
+    team.use_adapters_from_turn(config.train.adapter_from_turn);
+    Ok(team)
+}
+
 /// Each agent's device, opened; says on stderr where the team runs.
 fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
     let mut devices = Vec::new();
@@ -178,6 +185,15 @@ pub fn device_name(device: &Device) -> String {
 pub fn load_plugins(config: &Config) -> anyhow::Result<(Plugins, PluginLock)> {
     // The learned verifier (`[verifier] checkpoint`), offered to plugins as `judge`.
     let judge = crate::verifier::LearnedVerifier::from_config(config)?.map(Arc::new);
+    load_plugins_judged(config, judge)
+}
+
+/// [`load_plugins`] with the learned verifier already loaded (`judge`, the config's), so
+/// that several sets of plugins (a server's workers) share one.
+pub fn load_plugins_judged(
+    config: &Config,
+    judge: Option<Arc<crate::verifier::LearnedVerifier>>,
+) -> anyhow::Result<(Plugins, PluginLock)> {
     let runtime = Runtime::new(RuntimeOptions {
         seed: config.seed,
         judge: judge.clone().map(|j| j as Arc<dyn crate::plugin::Judge>),

@@ -7,6 +7,7 @@ mod logging;
 mod plugin;
 mod report;
 mod run;
+mod serve;
 mod toy;
 mod train;
 mod verifier;
@@ -60,6 +61,10 @@ enum Command {
     /// An HTML page for a run directory: plots of accuracy per turn, transitions, reward
     /// parts and KL, and a browser for its debate transcripts.
     Report(report::ReportArgs),
+    /// Serve a team over HTTP: OpenAI-compatible chat completions (one model per agent),
+    /// whole debates through the run's plugins, the learned verifier as a reward model,
+    /// health, models and Prometheus metrics.
+    Serve(serve::ServeArgs),
     /// Make the tiny model a config's `[warm_start]` section describes (the quickstart's
     /// agents): a small decoder trained from scratch on scripted debates of the task.
     WarmStart(warm_start::WarmStartArgs),
@@ -92,6 +97,7 @@ pub fn main() -> i32 {
         Command::Toy(args) => toy::run(args),
         Command::Report(args) => report::run(args),
         Command::WarmStart(args) => warm_start::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => 0,

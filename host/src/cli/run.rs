@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use maporl::config::{Config, DataSource};
+use maporl::config::Config;
 use maporl::debate::{self, OnPluginError};
 use maporl::session::{Progress, Session};
 use maporl::train::Evaluation;
@@ -72,14 +72,7 @@ pub(super) fn print_evaluation(e: &Evaluation) {
 
 pub fn debate(args: DebateArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config, &args.config.overrides)?;
-    let kind = args
-        .kind
-        .clone()
-        .unwrap_or_else(|| match config.data.source {
-            DataSource::Jsonl if !config.data.kind.is_empty() => config.data.kind.clone(),
-            DataSource::Jsonl | DataSource::Arithmetic => "arith".into(),
-            other => other.to_string(),
-        });
+    let kind = args.kind.clone().unwrap_or_else(|| config.task_kind());
     let task = Task {
         id: "question".into(),
         kind,

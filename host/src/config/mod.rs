@@ -719,6 +719,16 @@ impl Config {
             .filter(|p| !p.is_empty())
     }
 
+    /// The task kind plugins see for a question asked outside the data (`maporl debate`,
+    /// the server): the data's kind, else "arith".
+    pub fn task_kind(&self) -> String {
+        match self.data.source {
+            DataSource::Jsonl if !self.data.kind.is_empty() => self.data.kind.clone(),
+            DataSource::Jsonl | DataSource::Arithmetic => "arith".into(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn agent_model(&self, a: usize) -> &str {
         match self.agents.get(a) {
             Some(agent) if !agent.model.is_empty() => &agent.model,

@@ -11,7 +11,9 @@ mod team;
 
 pub use record::{write_transcripts, PluginHashes};
 pub use scripted::{worked_answer, ScriptedTeam};
-pub use team::{ModelTeam, TeamOptions};
+pub use team::{
+    Completion, CompletionOptions, Completions, Finish, ModelTeam, Seated, TeamOptions,
+};
 
 use std::time::{Duration, Instant};
 

@@ -22,13 +22,15 @@ struct Voice {
 struct Member {
     agent: Agent,
     voice: Arc<Voice>,
-    sampler: Sampler,
+    sampling: SamplingParams,
 }
 
 /// A team of LLM agents. Agents on the same model file share its frozen weights, and while
 /// they have no adapters of their own their prompts are generated in one batch.
 pub struct ModelTeam {
     members: Vec<Member>,
+    /// Each agent's sampler: the team's own random streams (a [`Seated`] view has its own).
+    samplers: Vec<Sampler>,
     /// Turns before this one are answered by the bare base models, adapters unused (the
     /// paper's frozen turn-1 policy with a "collaboration" adapter for later turns).
     adapters_from_turn: u32,
@@ -67,6 +69,7 @@ impl ModelTeam {
         type Key<'a> = (&'a std::path::Path, String);
         let mut loaded: HashMap<Key, (Arc<model::Base>, Arc<Voice>)> = HashMap::new();
         let mut members = Vec::new();
+        let mut samplers = Vec::new();
         for (i, (path, device)) in model_paths.iter().zip(devices).enumerate() {
             let key = (path.as_path(), format!("{:?}", device.location()));
             if !loaded.contains_key(&key) {
@@ -81,12 +84,14 @@ impl ModelTeam {
             members.push(Member {
                 agent: Agent::new(base),
                 voice,
-                // Each agent samples from its own stream, the same on every run.
-                sampler: Sampler::new(opts.sampling[i], opts.seed.wrapping_add(1 + i as u64)),
+                sampling: opts.sampling[i],
             });
+            // Each agent samples from its own stream, the same on every run.
+            samplers.push(agent_sampler(opts.sampling[i], opts.seed, i));
         }
         Ok(ModelTeam {
             members,
+            samplers,
             adapters_from_turn: 1,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
@@ -110,28 +115,56 @@ impl ModelTeam {
 
     /// Each agent's sampler position, for a checkpoint.
     pub fn rng_states(&self) -> Vec<model::RngState> {
-        self.members.iter().map(|m| m.sampler.state()).collect()
+        self.samplers.iter().map(Sampler::state).collect()
     }
 
     /// Puts every agent's sampler back where [`rng_states`](Self::rng_states) found it.
     pub fn restore_rng_states(&mut self, states: &[model::RngState]) -> anyhow::Result<()> {
-        if states.len() != self.members.len() {
+        if states.len() != self.samplers.len() {
             bail!(
                 "the checkpoint has sampler states for {} agents, the team has {}",
                 states.len(),
-                self.members.len()
+                self.samplers.len()
             );
         }
-        for (a, (m, s)) in self.members.iter_mut().zip(states).enumerate() {
-            m.sampler
+        for (a, (sampler, s)) in self.samplers.iter_mut().zip(states).enumerate() {
+            sampler
                 .restore(s)
                 .with_context(|| format!("agent {a}'s sampler"))?;
         }
         Ok(())
     }
 
+    /// The team with random streams of its own, seeded by `seed` (agent i's is the stream
+    /// a team loaded with that seed gives agent i): any number of seated views of one team
+    /// can debate at the same time (a server's requests), each giving the same debate for the
+    /// same seed whatever the others do.
+    pub fn seated(&self, seed: u64) -> Seated<'_> {
+        Seated {
+            team: self,
+            samplers: (0..self.members.len())
+                .map(|a| agent_sampler(self.members[a].sampling, seed, a))
+                .collect(),
+        }
+    }
+
+    /// How agent `agent` samples by default (the config's `generation` with its overrides).
+    pub fn sampling(&self, agent: usize) -> SamplingParams {
+        self.members[agent].sampling
+    }
+
+    /// The number of agents.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
     fn respond_as(
-        &mut self,
+        &self,
+        sampler: &mut Sampler,
         agent: usize,
         adapted: bool,
         conversations: &[&[ChatMessage]],
@@ -140,7 +173,7 @@ impl ModelTeam {
             .iter()
             .map(|messages| self.prompt_ids(agent, messages))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let member = &mut self.members[agent];
+        let member = &self.members[agent];
         let bare;
         let speaker = if adapted {
             &member.agent
@@ -156,10 +189,9 @@ impl ModelTeam {
         };
         let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(self.batch_size) {
-            for (prompt, g) in
-                chunk
-                    .iter()
-                    .zip(model::generate(speaker, chunk, &mut member.sampler, &opts)?)
+            for (prompt, g) in chunk
+                .iter()
+                .zip(model::generate(speaker, chunk, sampler, &opts)?)
             {
                 let text = voice
                     .tokenizer
@@ -198,7 +230,7 @@ impl ModelTeam {
     }
 }
 
-impl Team for ModelTeam {
+impl ModelTeam {
     fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
         let a = agent as usize;
         let Some(member) = self.members.get(a) else {
@@ -224,8 +256,10 @@ impl Team for ModelTeam {
         Ok(())
     }
 
-    fn respond(
-        &mut self,
+    /// One response per request, each agent drawing from `samplers[agent]`.
+    fn respond_with(
+        &self,
+        samplers: &mut [Sampler],
         turn: u32,
         requests: &[(u32, &[ChatMessage])],
     ) -> anyhow::Result<Vec<Response>> {
@@ -264,10 +298,12 @@ impl Team for ModelTeam {
             }
             let conversations: Vec<&[ChatMessage]> =
                 indices.iter().map(|&i| requests[i].1).collect();
-            for (&i, r) in indices
-                .iter()
-                .zip(self.respond_as(agent, adapted, &conversations)?)
-            {
+            for (&i, r) in indices.iter().zip(self.respond_as(
+                &mut samplers[agent],
+                agent,
+                adapted,
+                &conversations,
+            )?) {
                 out[i] = Some(r);
             }
         }
@@ -276,6 +312,257 @@ impl Team for ModelTeam {
             .map(|r| r.expect("every request answered"))
             .collect())
     }
+}
+
+/// How a [`ModelTeam::complete`] request samples and where it stops.
+#[derive(Clone, Debug)]
+pub struct CompletionOptions {
+    pub sampling: SamplingParams,
+    /// The request's own random stream: the same seed gives the same completions.
+    pub seed: u64,
+    pub max_tokens: usize,
+    /// Text that ends a completion where it first appears (it is not included).
+    pub stop: Vec<String>,
+    /// Completions of the one prompt (generated as one batch, from one stream).
+    pub n: usize,
+}
+
+/// Why a completion ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its turn, or a stop string appeared.
+    Stop,
+    /// `max_tokens` was reached.
+    Length,
+    /// The caller's observer asked to stop (a client went away).
+    Cancelled,
+}
+
+/// One completion of a chat.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub tokens: usize,
+    pub finish: Finish,
+}
+
+/// The completions of one chat, and the size of its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completions {
+    pub prompt_tokens: usize,
+    pub choices: Vec<Completion>,
+}
+
+impl ModelTeam {
+    /// Checks that agent `agent` can answer `messages` with up to `max_tokens` new tokens;
+    /// returns the prompt's length in tokens, or says what does not fit.
+    pub fn check_chat(
+        &self,
+        agent: usize,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+    ) -> Result<usize, String> {
+        let member = self.members.get(agent).ok_or_else(|| {
+            format!(
+                "no agent {agent}: the team has {} agents",
+                self.members.len()
+            )
+        })?;
+        let tokens = self
+            .prompt_ids(agent, messages)
+            .map_err(|e| format!("{e:#}"))?
+            .len();
+        let context = member.agent.base.config().max_position_embeddings;
+        if tokens + max_tokens > context {
+            return Err(format!(
+                "the prompt is {tokens} tokens; with max_tokens = {max_tokens} it needs {} \
+                 positions, and agent {agent}'s model reads at most {context}",
+                tokens + max_tokens
+            ));
+        }
+        Ok(tokens)
+    }
+
+    /// Agent `agent` (with its adapter, if it has one) continues the chat `messages`, as
+    /// `opts` says. `on_text(choice, delta)` hears each piece of text as soon as it is known
+    /// (whole characters; text that might still become a stop string is held back until it
+    /// cannot); when it returns false, generation stops and every choice ends `Cancelled`.
+    /// The text is independent of `on_text`: streaming gives the same completion as not.
+    pub fn complete(
+        &self,
+        agent: usize,
+        messages: &[ChatMessage],
+        opts: &CompletionOptions,
+        on_text: &mut dyn FnMut(usize, &str) -> bool,
+    ) -> anyhow::Result<Completions> {
+        let member = self
+            .members
+            .get(agent)
+            .with_context(|| format!("no agent {agent}"))?;
+        let prompt = self.prompt_ids(agent, messages)?;
+        let voice = &member.voice;
+        let gen = GenerateOptions {
+            max_new_tokens: opts.max_tokens,
+            stop_tokens: voice.stop_tokens.clone(),
+            pad_token: voice.pad_token,
+        };
+        let n = opts.n.max(1);
+        let prompts = vec![prompt.clone(); n];
+        let mut sampler = Sampler::new(opts.sampling, opts.seed);
+        let mut rows: Vec<Streamed> = (0..n).map(|_| Streamed::default()).collect();
+        let mut cancelled = false;
+        let mut failure: Option<anyhow::Error> = None;
+        let generations = model::generate_observed(
+            &member.agent,
+            &prompts,
+            &mut sampler,
+            &gen,
+            &mut |row, token| {
+                if cancelled || failure.is_some() {
+                    return false;
+                }
+                let r = &mut rows[row];
+                r.tokens.push(token);
+                match r.advance(&voice.tokenizer, &opts.stop, false) {
+                    Ok(delta) => {
+                        if !delta.is_empty() && !on_text(row, &delta) {
+                            cancelled = true;
+                        }
+                    }
+                    Err(e) => failure = Some(e),
+                }
+                !cancelled && failure.is_none() && !r.stopped
+            },
+        )?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let mut choices = Vec::with_capacity(n);
+        for (row, (r, g)) in rows.iter_mut().zip(&generations).enumerate() {
+            // The rest of the text: what was held back for a stop string that never came.
+            if !cancelled && !r.stopped {
+                let delta = r.advance(&voice.tokenizer, &opts.stop, true)?;
+                if !delta.is_empty() && !on_text(row, &delta) {
+                    cancelled = true;
+                }
+            }
+            let finish = if cancelled {
+                Finish::Cancelled
+            } else if r.stopped || g.stopped {
+                Finish::Stop
+            } else {
+                Finish::Length
+            };
+            choices.push(Completion {
+                text: std::mem::take(&mut r.sent),
+                tokens: g.tokens.len(),
+                finish,
+            });
+        }
+        Ok(Completions {
+            prompt_tokens: prompt.len(),
+            choices,
+        })
+    }
+}
+
+/// One choice of a completion as it is streamed: its tokens and the text already sent.
+#[derive(Default)]
+struct Streamed {
+    tokens: Vec<u32>,
+    sent: String,
+    /// A stop string appeared: the row is over, its text cut before it.
+    stopped: bool,
+}
+
+impl Streamed {
+    /// The text to send now. The tokens decode to `text`; a stop string in it ends the row
+    /// there; otherwise the text that is sure to stay is sent: whole characters (no
+    /// replacement character from a half-decoded one), and, unless `last`, nothing that could
+    /// be the start of a stop string.
+    fn advance(
+        &mut self,
+        tokenizer: &tokenizers::Tokenizer,
+        stop: &[String],
+        last: bool,
+    ) -> anyhow::Result<String> {
+        let text = tokenizer
+            .decode(&self.tokens, true)
+            .map_err(|e| anyhow::anyhow!("decoding a completion: {e}"))?;
+        let mut end = text.len();
+        if let Some(cut) = stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            end = cut;
+            self.stopped = true;
+        } else if !last {
+            if text.ends_with('\u{FFFD}') {
+                end = text.trim_end_matches('\u{FFFD}').len();
+            }
+            // Hold back a tail that may grow into a stop string.
+            let held = stop
+                .iter()
+                .flat_map(|s| {
+                    (1..s.len())
+                        .filter(|&k| s.is_char_boundary(k))
+                        .filter(|&k| text[..end].ends_with(&s[..k]))
+                })
+                .max()
+                .unwrap_or(0);
+            end -= held;
+        }
+        let text = &text[..end];
+        // Byte-level tokenizers decode a prefix to a prefix of the whole; if one does not,
+        // hold the text until it does (the final call sends what is missing, if it can).
+        match text.strip_prefix(self.sent.as_str()) {
+            Some(delta) => {
+                let delta = delta.to_string();
+                self.sent.push_str(&delta);
+                Ok(delta)
+            }
+            None => Ok(String::new()),
+        }
+    }
+}
+
+impl Team for ModelTeam {
+    fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
+        ModelTeam::admit(self, agent, messages)
+    }
+
+    fn respond(
+        &mut self,
+        turn: u32,
+        requests: &[(u32, &[ChatMessage])],
+    ) -> anyhow::Result<Vec<Response>> {
+        let mut samplers = std::mem::take(&mut self.samplers);
+        let out = self.respond_with(&mut samplers, turn, requests);
+        self.samplers = samplers;
+        out
+    }
+}
+
+/// A [`ModelTeam`] with random streams of its own ([`ModelTeam::seated`]).
+pub struct Seated<'a> {
+    team: &'a ModelTeam,
+    samplers: Vec<Sampler>,
+}
+
+impl Team for Seated<'_> {
+    fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
+        self.team.admit(agent, messages)
+    }
+
+    fn respond(
+        &mut self,
+        turn: u32,
+        requests: &[(u32, &[ChatMessage])],
+    ) -> anyhow::Result<Vec<Response>> {
+        self.team.respond_with(&mut self.samplers, turn, requests)
+    }
+}
+
+/// Agent `agent`'s sampler in a team seeded with `seed`.
+fn agent_sampler(params: SamplingParams, seed: u64, agent: usize) -> Sampler {
+    Sampler::new(params, seed.wrapping_add(1 + agent as u64))
 }
 
 /// Tokens that end an assistant turn in common chat formats.

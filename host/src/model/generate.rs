@@ -227,6 +227,20 @@ pub fn generate(
     sampler: &mut Sampler,
     opts: &GenerateOptions,
 ) -> Result<Vec<Generation>> {
+    generate_observed(agent, prompts, sampler, opts, &mut |_, _| true)
+}
+
+/// [`generate`], telling `observe` of each token as it is sampled (row, token); a row ends
+/// (as if it had met a stop token, `stopped` false) when `observe` returns false for it. The
+/// observer sees exactly what [`generate`] would produce up to that point: streaming,
+/// stop strings and cancellation cost nothing when they do not cut a row short.
+pub fn generate_observed(
+    agent: &Agent,
+    prompts: &[Vec<u32>],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    observe: &mut dyn FnMut(usize, u32) -> bool,
+) -> Result<Vec<Generation>> {
     if prompts.is_empty() {
         return Ok(vec![]);
     }
@@ -245,8 +259,14 @@ pub fn generate(
         })
         .collect();
     let mut input = ids;
+    // Rows the observer ended: no more tokens, though not stopped by a stop token.
+    let mut cut = vec![false; out.len()];
     for _ in 0..opts.max_new_tokens {
-        let active: Vec<bool> = out.iter().map(|g| !g.stopped).collect();
+        let active: Vec<bool> = out
+            .iter()
+            .zip(&cut)
+            .map(|(g, c)| !g.stopped && !c)
+            .collect();
         if !active.iter().any(|&a| a) {
             break;
         }
@@ -256,12 +276,13 @@ pub fn generate(
         let logits = base.logits(&last)?;
         let picks = sampler.sample_masked(&logits, &active)?;
         let mut next = Vec::with_capacity(out.len());
-        for (g, pick) in out.iter_mut().zip(picks) {
+        for (row, (g, pick)) in out.iter_mut().zip(picks).enumerate() {
             match pick {
                 Some((tok, lp)) => {
                     g.tokens.push(tok);
                     g.logprobs.push(lp);
                     g.stopped = opts.stop_tokens.contains(&tok);
+                    cut[row] = !observe(row, tok);
                     next.push(tok);
                 }
                 None => next.push(opts.pad_token),

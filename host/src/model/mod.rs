@@ -23,10 +23,9 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
-#[doc(hidden)]
 pub use generate::{
-    generate, score, score_at_temperature, GenerateOptions, Generation, RngState, Sampler,
-    SamplingParams, Scored,
+    generate, generate_observed, score, score_at_temperature, GenerateOptions, Generation,
+    RngState, Sampler, SamplingParams, Scored,
 };
 pub use hub::resolve_model;
 pub use load::{load, random, Loaded};

@@ -1,0 +1,683 @@
+//! `maporl serve` on loopback with a tiny random-weights model: concurrent clients get the
+//! answers the library gives for their seeds, streams carry the same text, whole debates and
+//! the learned verifier answer, bad requests get 4xx JSON errors and the server keeps
+//! serving, SIGTERM finishes what is in flight.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+
+use serde_json::{json, Value};
+use support::write_tiny_qwen2;
+
+struct Served {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A config for two agents on the tiny model, debating arithmetic; `extra` is appended.
+fn write_config(dir: &Path, model: &Path, extra: &str) -> PathBuf {
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"seed = 1
+[data]
+source = "arithmetic"
+count = 4
+[model]
+path = "{}"
+[debate]
+agents = 2
+turns = 2
+[generation]
+temperature = 1.0
+max_new_tokens = 12
+[plugins.protocol]
+path = "debate.wasm"
+[plugins.verifier]
+path = "gsm8k.wasm"
+[plugins.shaper]
+path = "influence.wasm"
+{extra}
+"#,
+            model.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn serve(extra_config: &str, args: &[&str]) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_qwen2(&model);
+    let extra = extra_config.replace("MODEL", &model.display().to_string());
+    let extra = extra.replace("DIR", &dir.path().display().to_string());
+    if extra_config.contains("checkpoint") {
+        train_verifier(&model, dir.path());
+    }
+    let config = write_config(dir.path(), &model, &extra);
+    let mut all = vec!["--config".to_string(), config.display().to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let (child, base) = spawn(&all);
+    Served {
+        child,
+        base,
+        _dir: dir,
+        config,
+    }
+}
+
+/// `maporl serve ARGS --addr 127.0.0.1:0`, and the address it says it listens on.
+fn spawn(args: &[String]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .arg("serve")
+        .args(args)
+        .args(["--addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("the server said {line:?}"))
+        .to_string();
+    // Keep reading stdout so that the server never blocks on it.
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        while stdout.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
+    });
+    (child, format!("http://{addr}"))
+}
+
+/// A verifier checkpoint for the tiny model (one short epoch: its numbers, not its skill,
+/// are what the test compares) at DIR/verifier/checkpoints/final.
+fn train_verifier(model: &Path, dir: &Path) {
+    use maporl::verifier::data::{write_jsonl, Sample};
+    use maporl::verifier::train::{train, TrainOptions};
+    let samples: Vec<Sample> = (0..8)
+        .map(|i| Sample {
+            task_id: format!("q{i}"),
+            question: format!("What is {i} + 1?"),
+            response: format!("\\boxed{{{}}}", i + 1 + i % 2),
+            correct: i % 2 == 0,
+            answer: Some((i + 1 + i % 2).to_string()),
+            reference: (i + 1).to_string(),
+        })
+        .collect();
+    let data = dir.join("answers.jsonl");
+    write_jsonl(&data, &samples).unwrap();
+    let opts = TrainOptions {
+        model: model.to_path_buf(),
+        model_name: "tiny".into(),
+        data,
+        run_dir: dir.join("verifier"),
+        train: maporl::config::VerifierTrainConfig {
+            epochs: 1,
+            batch_size: 4,
+            val_fraction: 0.0,
+            checkpoint_every: 0,
+            ..Default::default()
+        },
+        max_response_tokens: 16,
+        seed: 1,
+        dtype: candle_core::DType::F32,
+        device: candle_core::Device::Cpu,
+        resume: false,
+        stop_after: None,
+        verbose: false,
+    };
+    train(&opts, &AtomicBool::new(false)).unwrap();
+}
+
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+/// (status, body as JSON).
+fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut r = client()
+        .post(&format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap();
+    let v =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"));
+    (status, v)
+}
+
+fn get(base: &str, path: &str) -> (u16, String) {
+    let mut r = client().get(&format!("{base}{path}")).call().unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_to_string().unwrap())
+}
+
+fn chat_body(agent: usize, question: &str, seed: u64, stream: bool) -> String {
+    json!({
+        "model": format!("agent-{agent}"),
+        "messages": [{"role": "user", "content": question}],
+        "seed": seed,
+        "max_tokens": 10,
+        "stream": stream,
+    })
+    .to_string()
+}
+
+/// The streamed text of a chat request, its finish reason, its chunks' count, and when the
+/// text's last chunk came.
+fn stream(base: &str, body: &str) -> (String, String, usize, std::time::Instant) {
+    let r = client()
+        .post(&format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let ctype = r
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+    let reader = BufReader::new(r.into_body().into_reader());
+    let (mut text, mut finish, mut chunks, mut done) = (String::new(), String::new(), 0, false);
+    let mut last_text = std::time::Instant::now();
+    for line in reader.lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        assert!(!done, "data after [DONE]: {data}");
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk", "{v}");
+        chunks += 1;
+        let choice = &v["choices"][0];
+        if let Some(t) = choice["delta"]["content"].as_str() {
+            text.push_str(t);
+            last_text = std::time::Instant::now();
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    assert!(done, "the stream ended without [DONE]");
+    (text, finish, chunks, last_text)
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// 32 clients at once each get the completion the library gives for their agent, question
+/// and seed (so answers are correct and independent of each other); the same seed again
+/// gives the same text; a stream gives the same text as a whole answer; debates repeat by
+/// seed; bad requests are refused with JSON errors and the server keeps serving.
+#[test]
+fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
+    let s = serve(
+        "",
+        &[
+            "--workers",
+            "2",
+            "--queue",
+            "64",
+            "--max-body-bytes",
+            "65536",
+        ],
+    );
+    let base = s.base.clone();
+
+    let (status, health) = get(&base, "/health");
+    assert_eq!(status, 200, "{health}");
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(
+        (health["status"].as_str(), health["agents"].as_u64()),
+        (Some("ok"), Some(2))
+    );
+    let (_, models) = get(&base, "/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["agent-0", "agent-1"]);
+
+    // What the library says for each (agent, question, seed).
+    let config = maporl::config::Config::load(&s.config, &[]).unwrap();
+    let team = maporl::session::load_team(&config).unwrap();
+    let requests: Vec<(usize, String, u64)> = (0..32)
+        .map(|i| (i % 2, format!("What is {i} + {}?", 40 - i), 1000 + i as u64))
+        .collect();
+    let expected: Vec<String> = requests
+        .iter()
+        .map(|(a, q, seed)| {
+            let messages = [maporl::transcript::ChatMessage {
+                role: maporl::transcript::Role::User,
+                content: q.clone(),
+            }];
+            let opts = maporl::debate::CompletionOptions {
+                sampling: team.sampling(*a),
+                seed: *seed,
+                max_tokens: 10,
+                stop: vec![],
+                n: 1,
+            };
+            let c = team
+                .complete(*a, &messages, &opts, &mut |_, _| true)
+                .unwrap();
+            c.choices[0].text.clone()
+        })
+        .collect();
+    assert!(
+        expected
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 16,
+        "the seeds should give different answers: {expected:?}"
+    );
+
+    let answers = |round: usize| -> Vec<String> {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|(a, q, seed)| {
+                let (base, body) = (base.clone(), chat_body(*a, q, *seed, false));
+                std::thread::spawn(move || post(&base, "/v1/chat/completions", &body))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (status, v) = h.join().unwrap();
+                assert_eq!(status, 200, "round {round}: {v}");
+                assert_eq!(v["object"], "chat.completion");
+                let usage = &v["usage"];
+                assert_eq!(
+                    usage["total_tokens"].as_u64(),
+                    Some(
+                        usage["prompt_tokens"].as_u64().unwrap()
+                            + usage["completion_tokens"].as_u64().unwrap()
+                    )
+                );
+                assert!(usage["completion_tokens"].as_u64().unwrap() <= 10);
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let first = answers(1);
+    assert_eq!(
+        first, expected,
+        "concurrent answers differ from the library's"
+    );
+    assert_eq!(answers(2), first, "the same seeds gave different answers");
+
+    // A stream carries the same text as the whole answer of the same seed.
+    let (a, q, seed) = &requests[5];
+    let (text, finish, chunks, _) = stream(&base, &chat_body(*a, q, *seed, true));
+    assert_eq!(text, expected[5]);
+    assert!(finish == "stop" || finish == "length", "{finish}");
+    assert!(chunks >= 2, "{chunks} chunks");
+
+    // A stop string cuts the answer where it first appears, in a whole answer and a stream.
+    let (i, cut) = expected
+        .iter()
+        .enumerate()
+        .find_map(|(i, t)| {
+            let chars: Vec<(usize, char)> = t.char_indices().collect();
+            (chars.len() >= 8).then(|| (i, chars[4].0))
+        })
+        .expect("an answer of 8 characters or more");
+    let stop: String = expected[i][cut..].chars().take(3).collect();
+    let (a, q, seed) = &requests[i];
+    let with_stop = |stream: bool| {
+        let mut v: Value = serde_json::from_str(&chat_body(*a, q, *seed, stream)).unwrap();
+        v["stop"] = json!([stop]);
+        v.to_string()
+    };
+    let (status, v) = post(&base, "/v1/chat/completions", &with_stop(false));
+    assert_eq!(status, 200, "{v}");
+    let first_stop = expected[i].find(&stop).unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str(),
+        Some(&expected[i][..first_stop]),
+        "stop {stop:?} in {:?}",
+        expected[i]
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (text, finish, _, _) = stream(&base, &with_stop(true));
+    assert_eq!(
+        (text.as_str(), finish.as_str()),
+        (&expected[i][..first_stop], "stop")
+    );
+
+    // `n` completions come from one stream of the seed: reproducible, and not all equal.
+    let body = json!({"model": "agent-0", "messages": [{"role": "user", "content": "Hi"}],
+                      "seed": 9, "n": 3, "max_tokens": 8})
+    .to_string();
+    let (status, v) = post(&base, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        post(&base, "/v1/chat/completions", &body).1["choices"],
+        v["choices"]
+    );
+
+    // Whole debates through the plugins: every turn, every agent, scores and rewards.
+    let debate = json!({"question": "What is 2 + 3?", "reference": "5", "seed": 4}).to_string();
+    let (status, d) = post(&base, "/v1/debate", &debate);
+    assert_eq!(status, 200, "{d}");
+    let turns = d["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 2, "{d}");
+    for (t, turn) in turns.iter().enumerate() {
+        assert_eq!(turn["turn"].as_u64(), Some(t as u64 + 1));
+        let utterances = turn["utterances"].as_array().unwrap();
+        assert_eq!(utterances.len(), 2, "{turn}");
+        for u in utterances {
+            assert!(u["score"].is_number() && u["correct"].is_boolean(), "{u}");
+            assert!(u["reward"]["total"].is_number(), "{u}");
+        }
+    }
+    assert_eq!(
+        post(&base, "/v1/debate", &debate).1,
+        d,
+        "the same seed gave another debate"
+    );
+
+    // Bad requests: each a JSON error with the right status, naming what was wrong.
+    let long = "word ".repeat(5000);
+    let huge = "x".repeat(70_000);
+    for (path, body, status, says) in [
+        ("/v1/chat/completions", "{not json", 400, "the request body"),
+        ("/v1/chat/completions", &chat_body(7, "q", 1, false), 404, "agent-0 … agent-1"),
+        (
+            "/v1/chat/completions",
+            &json!({"model": "agent-0", "messages": [{"role": "user", "content": "q"}], "max_tokens": 13}).to_string(),
+            400,
+            "`max_tokens` is 13",
+        ),
+        ("/v1/chat/completions", &chat_body(0, &long, 1, false), 400, "positions"),
+        ("/v1/chat/completions", &chat_body(0, &huge, 1, false), 413, "65536 bytes"),
+        ("/v1/debate", r#"{"question": ""}"#, 400, "`question` is empty"),
+        ("/v1/judge", r#"{"question": "q", "responses": ["a"]}"#, 404, "no learned verifier"),
+        ("/v1/nothing", "{}", 404, "no such route"),
+    ] {
+        let (got, v) = post(&base, path, body);
+        assert_eq!(got, status, "{path} {}: {v}", &body[..body.len().min(80)]);
+        let message = v["error"]["message"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert!(message.contains(says), "{path}: {message}");
+    }
+    let r = client()
+        .get(&format!("{base}/v1/chat/completions"))
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+
+    // Still serving, and the metrics counted all of it.
+    let (a, q, seed) = &requests[0];
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(*a, q, *seed, false),
+    );
+    assert_eq!(
+        (status, v["choices"][0]["message"]["content"].as_str()),
+        (200, Some(expected[0].as_str()))
+    );
+    let (_, m) = get(&base, "/metrics");
+    let route = "route=\"/v1/chat/completions\"";
+    assert_eq!(
+        metric(
+            &m,
+            &format!("maporl_requests_total{{{route},status=\"200\"}}")
+        ),
+        70.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("maporl_requests_total{{{route},status=\"400\"}}")
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("maporl_requests_total{{{route},status=\"413\"}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("maporl_request_duration_seconds_count{{{route}}}")
+        ),
+        75.0
+    );
+    assert!(metric(&m, "maporl_generated_tokens_total{agent=\"0\"}") > 0.0);
+    assert_eq!(metric(&m, "maporl_queue_depth"), 0.0);
+    assert_eq!(metric(&m, "maporl_workers"), 2.0);
+}
+
+/// The learned verifier as a remote reward model: `/v1/judge` gives the numbers the library
+/// gives. SIGTERM while a request is in flight: the request still completes, then the
+/// server stops listening and exits 0.
+#[test]
+fn judge_answers_like_the_library_and_sigterm_finishes_in_flight_requests() {
+    let mut s = serve(
+        "[verifier]\ncheckpoint = \"DIR/verifier/checkpoints/final\"\n",
+        &["--workers", "1", "--max-tokens", "4000"],
+    );
+    let base = s.base.clone();
+    let responses = ["\\boxed{3}", "The answer is \\boxed{4}.", "no idea"];
+    let body = json!({"question": "What is 1 + 2?", "responses": responses}).to_string();
+    let (status, v) = post(&base, "/v1/judge", &body);
+    assert_eq!(status, 200, "{v}");
+    let served: Vec<f64> = v["probabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .collect();
+    let config = maporl::config::Config::load(&s.config, &[]).unwrap();
+    let judge = maporl::verifier::LearnedVerifier::from_config(&config)
+        .unwrap()
+        .unwrap();
+    let pairs: Vec<(&str, &str)> = responses.iter().map(|r| ("What is 1 + 2?", *r)).collect();
+    let direct = judge.probabilities(&pairs).unwrap();
+    assert_eq!(served.len(), 3);
+    for (a, b) in served.iter().zip(&direct) {
+        assert!((a - *b as f64).abs() < 1e-6, "{served:?} vs {direct:?}");
+    }
+    assert_eq!(v["checkpoint_sha256"].as_str(), Some(judge.sha256()));
+
+    // A long stream in flight, then SIGTERM: text still comes after it, and the stream ends
+    // with [DONE].
+    let long =
+        json!({"model": "agent-0", "messages": [{"role": "user", "content": "Tell a story."}],
+                      "seed": 3, "max_tokens": 4000, "temperature": 1.0, "stream": true})
+        .to_string();
+    let b = base.clone();
+    let in_flight = std::thread::spawn(move || stream(&b, &long));
+    // Wait until the worker is busy with it.
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, h) = get(&base, "/health");
+        let h: Value = serde_json::from_str(&h).unwrap();
+        if h["busy_workers"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 60, "the request never started");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let terminated = std::time::Instant::now();
+    unsafe {
+        libc::kill(s.child.id() as i32, libc::SIGTERM);
+    }
+    let (text, finish, _, last_text) = in_flight.join().unwrap();
+    assert!(
+        !text.is_empty() && (finish == "stop" || finish == "length"),
+        "{finish}: {text}"
+    );
+    assert!(
+        last_text > terminated,
+        "no text came after SIGTERM: the stream was over before ({} tokens' worth)",
+        text.len()
+    );
+    eprintln!(
+        "text kept coming for {:?} after SIGTERM",
+        last_text.duration_since(terminated)
+    );
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let refused = client().get(&format!("{base}/health")).call();
+    assert!(refused.is_err(), "still listening after SIGTERM");
+}
+
+/// `--run RUN_DIR`: the run's config, and each agent with its adapter from
+/// `checkpoints/final/agent-N` (here agent 1 only): its answers are the library's with that
+/// adapter, not the base's.
+#[test]
+fn a_training_run_is_served_with_its_agents_adapters() {
+    let mut s = serve("", &[]);
+    let _ = s.child.kill();
+    let dir = s._dir.path().to_path_buf();
+    let dir = dir.as_path();
+    let run = dir.join("run");
+    std::fs::create_dir_all(run.join("checkpoints/final")).unwrap();
+    std::fs::copy(&s.config, run.join("config.toml")).unwrap();
+    let config = maporl::config::Config::load(&s.config, &[]).unwrap();
+    let loaded = maporl::model::load(
+        Path::new(config.agent_model(1)),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let lora = maporl::model::Lora::new(
+        &loaded.base,
+        maporl::model::LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into()],
+        },
+        5,
+    )
+    .unwrap();
+    for (name, var) in lora.named_vars() {
+        if name.contains("lora_B") {
+            let noise =
+                candle_core::Tensor::randn(0f32, 0.5, var.shape(), &candle_core::Device::Cpu)
+                    .unwrap();
+            var.set(&noise).unwrap();
+        }
+    }
+    let adapter = run.join("checkpoints/final/agent-1");
+    lora.save(&adapter, "tiny").unwrap();
+
+    let (child, base) = spawn(&["--run".into(), run.display().to_string()]);
+    let _guard = Served {
+        child,
+        base: base.clone(),
+        _dir: tempfile::tempdir().unwrap(),
+        config: PathBuf::new(),
+    };
+    let (_, models) = get(&base, "/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["adapter"], Value::Null, "{models}");
+    assert_eq!(
+        models["data"][1]["adapter"].as_str(),
+        Some(adapter.display().to_string().as_str())
+    );
+
+    let mut adapted = config.clone();
+    adapted.agents.resize_with(2, Default::default);
+    adapted.agents[1].adapter = adapter.display().to_string();
+    let library = |config: &maporl::config::Config| {
+        let team = maporl::session::load_team(config).unwrap();
+        let messages = [maporl::transcript::ChatMessage {
+            role: maporl::transcript::Role::User,
+            content: "What is 3 + 4?".into(),
+        }];
+        let opts = maporl::debate::CompletionOptions {
+            sampling: team.sampling(1),
+            seed: 11,
+            max_tokens: 10,
+            stop: vec![],
+            n: 1,
+        };
+        team.complete(1, &messages, &opts, &mut |_, _| true)
+            .unwrap()
+            .choices[0]
+            .text
+            .clone()
+    };
+    let (with_adapter, without) = (library(&adapted), library(&config));
+    assert_ne!(
+        with_adapter, without,
+        "the adapter should change the answer"
+    );
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(1, "What is 3 + 4?", 11, false),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str(),
+        Some(with_adapter.as_str())
+    );
+
+    // A run without adapters is refused, saying why.
+    let empty = dir.join("empty-run");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::copy(run.join("config.toml"), empty.join("config.toml")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["serve", "--run"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no agent adapters"), "{err}");
+}
