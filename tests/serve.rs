@@ -507,7 +507,7 @@ fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
 fn judge_answers_like_the_library_and_sigterm_finishes_in_flight_requests() {
     let mut s = serve(
         "[verifier]\ncheckpoint = \"DIR/verifier/checkpoints/final\"\n",
-        &["--workers", "1", "--max-tokens", "4000"],
+        &["--workers", "1", "--queue", "1", "--max-tokens", "4000"],
     );
     let base = s.base.clone();
     let responses = ["\\boxed{3}", "The answer is \\boxed{4}.", "no idea"];
@@ -531,6 +531,62 @@ fn judge_answers_like_the_library_and_sigterm_finishes_in_flight_requests() {
         assert!((a - *b as f64).abs() < 1e-6, "{served:?} vs {direct:?}");
     }
     assert_eq!(v["checkpoint_sha256"].as_str(), Some(judge.sha256()));
+
+    // Full: one request generating, one waiting (--queue 1); a third is refused with 429 and
+    // Retry-After, and the two others are served.
+    let busy_until = |field: &str, value: u64| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let (_, h) = get(&base, "/health");
+            let h: Value = serde_json::from_str(&h).unwrap();
+            if h[field].as_u64() == Some(value) {
+                return;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 60,
+                "{field} never reached {value}: {h}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    let long_body = |seed: u64| {
+        json!({"model": "agent-0", "messages": [{"role": "user", "content": "Tell a story."}],
+               "seed": seed, "max_tokens": 4000, "temperature": 1.0, "stream": true})
+        .to_string()
+    };
+    let b = base.clone();
+    let generating = std::thread::spawn(move || stream(&b, &long_body(3)));
+    busy_until("busy_workers", 1);
+    let b = base.clone();
+    let waiting =
+        std::thread::spawn(move || post(&b, "/v1/chat/completions", &chat_body(1, "q", 2, false)));
+    busy_until("queue_depth", 1);
+    let mut refused = client()
+        .post(&format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .send(&chat_body(0, "q", 1, false))
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let v: Value = serde_json::from_str(&refused.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the server is busy"),
+        "{v}"
+    );
+    assert!(!generating.join().unwrap().0.is_empty());
+    let (status, v) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (_, m) = get(&base, "/metrics");
+    assert_eq!(metric(&m, "maporl_rejected_busy_total"), 1.0, "{m}");
 
     // A long stream in flight, then SIGTERM: text still comes after it, and the stream ends
     // with [DONE].

@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// Model worker threads: requests served at the same time.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Requests that may wait for a worker; more are refused with 503 and Retry-After.
+    /// Requests that may wait for a worker; more are refused with 429 and Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Largest request body in bytes (413 above).

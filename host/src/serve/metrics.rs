@@ -68,7 +68,7 @@ impl Metrics {
             .entry(route)
             .or_default()
             .observe(took.as_secs_f64());
-        if status == 503 {
+        if status == 429 {
             c.rejected_busy += 1;
         }
     }

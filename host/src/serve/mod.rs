@@ -4,7 +4,7 @@
 //!
 //! The HTTP side runs on tokio (axum) and only parses, checks, queues and answers; the model
 //! work runs on a fixed pool of worker threads behind a bounded queue ([`workers`]), so a
-//! full server refuses with 503 rather than piling up work, and a long generation never
+//! full server refuses with 429 rather than piling up work, and a long generation never
 //! blocks the runtime that accepts connections. Every refusal is a JSON error with a 4xx
 //! status; a client that goes away cancels its generation at the next token.
 
@@ -43,7 +43,7 @@ pub struct ServeOptions {
     pub addr: SocketAddr,
     /// Model worker threads (requests served at once).
     pub workers: usize,
-    /// Requests that may wait for a worker; more get 503.
+    /// Requests that may wait for a worker; more get 429.
     pub queue: usize,
     /// Largest request body, in bytes; larger gets 413.
     pub max_body_bytes: usize,
@@ -185,7 +185,7 @@ fn router(state: AppState) -> Router {
 fn error(e: &ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, Json(e.body())).into_response();
-    if e.status == 503 {
+    if e.status == 429 || e.status == 503 {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));

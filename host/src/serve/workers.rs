@@ -83,11 +83,11 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Queues `job`, or says why not: the queue is full (503, retry later) or closed.
+    /// Queues `job`, or says why not: the queue is full (429, retry later) or closed (503).
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let sender = self.sender.lock().unwrap().clone();
         let Some(sender) = sender else {
-            return Err(unavailable("the server is shutting down"));
+            return Err(shutting_down());
         };
         self.metrics.queued.fetch_add(1, Ordering::SeqCst);
         let queued = Queued {
@@ -99,11 +99,16 @@ impl Queue {
             Err(e) => {
                 self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
                 Err(match e {
-                    TrySendError::Full(_) => unavailable(&format!(
-                        "the server is busy: {} requests are waiting (serve --queue); retry later",
-                        self.capacity
-                    )),
-                    TrySendError::Disconnected(_) => unavailable("the server is shutting down"),
+                    TrySendError::Full(_) => ApiError {
+                        status: 429,
+                        kind: "server_busy",
+                        message: format!(
+                            "the server is busy: {} requests are waiting (serve --queue); retry \
+                             later",
+                            self.capacity
+                        ),
+                    },
+                    TrySendError::Disconnected(_) => shutting_down(),
                 })
             }
         }
@@ -115,11 +120,11 @@ impl Queue {
     }
 }
 
-fn unavailable(message: &str) -> ApiError {
+fn shutting_down() -> ApiError {
     ApiError {
         status: 503,
-        kind: "server_busy",
-        message: message.to_string(),
+        kind: "shutting_down",
+        message: "the server is shutting down".to_string(),
     }
 }
 
