@@ -799,6 +799,14 @@ fn hostile_headers_and_bodies_are_refused() {
             "refusing the ETag",
         ),
         (
+            // 200 + `.incomplete` would pass the 255-byte limit on a file name.
+            Quirks {
+                etag: Some(format!("\"{}\"", "a".repeat(200))),
+                ..Quirks::default()
+            },
+            "refusing the ETag for config.json: it is 200 characters long, over the limit of 128",
+        ),
+        (
             Quirks {
                 linked_size: Some(100 << 30),
                 ..Quirks::default()
@@ -838,4 +846,77 @@ fn hostile_headers_and_bodies_are_refused() {
             "{says}: {all:?}"
         );
     }
+}
+
+/// A shared or group-writable cache may hold links someone planted: the download replaces
+/// or refuses them, and never writes through one.
+#[test]
+#[cfg(unix)]
+fn planted_symlinks_in_the_cache_are_never_written_through() {
+    use std::os::unix::fs::symlink;
+    let server = Server::tiny(Quirks::default());
+    let dir = tempfile::tempdir().unwrap();
+    let folder = format!("models--{ORG}--{NAME}");
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+
+    // blobs/<etag>.incomplete -> a file elsewhere: the link is replaced, the file untouched.
+    let cache = dir.path().join("hub1");
+    let blobs = cache.join(&folder).join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let sha = sha256(&tiny_files()["model.safetensors"]);
+    let config_etag = etag_of("config.json", &tiny_files()["config.json"]);
+    for etag in [&sha, &config_etag] {
+        symlink(&victim, blobs.join(format!("{etag}.incomplete"))).unwrap();
+    }
+    hub(&server, &cache).snapshot(&model(NAME)).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert_layout(&cache, NAME, tiny_files());
+
+    // snapshots/<commit> -> a folder elsewhere holding files of the same names: refused,
+    // naming the link; the folder's files keep their bytes.
+    let cache = dir.path().join("hub2");
+    let victim_dir = dir.path().join("victim-dir");
+    std::fs::create_dir_all(&victim_dir).unwrap();
+    for file in ["config.json", "model.safetensors", "notes.txt"] {
+        std::fs::write(victim_dir.join(file), format!("keep {file}")).unwrap();
+    }
+    let snapshots = cache.join(&folder).join("snapshots");
+    std::fs::create_dir_all(&snapshots).unwrap();
+    symlink(&victim_dir, snapshots.join(COMMIT)).unwrap();
+    let e = format!(
+        "{:#}",
+        hub(&server, &cache).snapshot(&model(NAME)).unwrap_err()
+    );
+    assert!(
+        e.contains(&snapshots.join(COMMIT).display().to_string()) && e.contains("symbolic link"),
+        "{e}"
+    );
+    assert_eq!(
+        files_under(&victim_dir),
+        ["config.json", "model.safetensors", "notes.txt"]
+    );
+    for file in ["config.json", "model.safetensors", "notes.txt"] {
+        assert_eq!(
+            std::fs::read_to_string(victim_dir.join(file)).unwrap(),
+            format!("keep {file}")
+        );
+    }
+    assert!(!cache.join(&folder).join("refs").exists());
+
+    // A lock file planted as a link: refused, naming it; its target is not created.
+    let cache = dir.path().join("hub3");
+    let locks = cache.join(".locks").join(&folder);
+    std::fs::create_dir_all(&locks).unwrap();
+    let lock = locks.join(format!("{config_etag}.lock"));
+    symlink(dir.path().join("made-by-lock"), &lock).unwrap();
+    let e = format!(
+        "{:#}",
+        hub(&server, &cache).snapshot(&model(NAME)).unwrap_err()
+    );
+    assert!(
+        e.contains(&lock.display().to_string()) && e.contains("symbolic link"),
+        "{e}"
+    );
+    assert!(!dir.path().join("made-by-lock").exists());
 }

@@ -24,8 +24,11 @@
 //! and `X-Linked-Size` or `Content-Length`; then `GET` from the redirect's `Location` (the
 //! CDN) or the same URL. The first file pins the commit and every other file is asked for at
 //! that commit, so a branch that moves mid-download cannot mix two commits. Every blob is
-//! fetched before any snapshot link or ref is written: a snapshot folder only ever appears
-//! complete. A blob downloads into `blobs/<etag>.incomplete`, continues from where an
+//! fetched before any snapshot link or ref is written. The links then go in one by one, each
+//! made under a temporary name and renamed over its final one (two processes linking the same
+//! file both succeed; nothing is ever written through a link), so a snapshot folder is
+//! complete only once all its files are in: the cache is used only after every file the
+//! loader needs is checked to be there. A blob downloads into `blobs/<etag>.incomplete`, continues from where an
 //! interrupted download stopped (`Range: bytes=N-`; a server answering 200 starts it over),
 //! is checked against its sha256 when the ETag is one (LFS files), and is renamed into place.
 //! Two processes fetching the same blob take turns on `.locks/models--ORG--NAME/<etag>.lock`.
@@ -41,14 +44,22 @@
 //! `HF_HUB_OFFLINE=1` (the cache only; an error if the files are not there).
 //!
 //! Nothing from the server becomes a path unchecked: ETags, commits and shard names with
-//! `/`, `\`, `..` or NUL are refused, as are sizes over [`MAX_FILE_BYTES`] and bodies longer
-//! than announced.
+//! `/`, `\`, `..` or NUL are refused, as are ETags over 128 characters, indexes naming more
+//! than 4096 shards, sizes over [`MAX_FILE_BYTES`] and bodies longer than announced.
+//!
+//! A shared or group-writable cache may hold symbolic links planted by someone else: the
+//! folders written in (`models--ORG--NAME`, `blobs`, `snapshots/<commit>`, `refs`,
+//! `.no_exist/<commit>`, `.locks/models--ORG--NAME`) must be real folders, else the download
+//! is refused naming the link; files are opened with `O_NOFOLLOW`, a link planted as
+//! `<etag>.incomplete` is replaced, and everything else is written under a fresh name and
+//! renamed into place.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -76,6 +87,11 @@ const MAX_REDIRECTS: usize = 5;
 /// Longest organization or name the hub allows.
 const MAX_NAME_LEN: usize = 96;
 const MAX_REVISION_LEN: usize = 255;
+/// The longest ETag accepted: real ones are 40 or 64 hex digits (about 40 characters when
+/// quoted), and `<etag>.incomplete` must remain a valid file name.
+const MAX_ETAG_LEN: usize = 128;
+/// The most shards a `model.safetensors.index.json` may name.
+const MAX_SHARDS: usize = 4096;
 
 /// Whether `path` names a hub model (`hf:...`).
 pub fn is_hub_path(path: &str) -> bool {
@@ -279,10 +295,10 @@ impl Hub {
                 repo.display()
             );
         }
-        self.download(model, &repo)
+        self.download(model)
     }
 
-    fn download(&self, model: &HubModel, repo: &Path) -> Result<PathBuf> {
+    fn download(&self, model: &HubModel) -> Result<PathBuf> {
         let client = Client::new(&self.endpoint, self.token.as_deref())?;
         let url = |revision: &str, file: &str| {
             format!(
@@ -290,8 +306,7 @@ impl Hub {
                 self.endpoint, model.org, model.name
             )
         };
-        let blobs = repo.join("blobs");
-        let locks = self.cache.join(".locks").join(model.folder());
+        let folder = model.folder();
 
         // Every file's metadata and blob first; the snapshot only once all are in.
         let config_url = url(&model.revision, REQUIRED[0]);
@@ -336,6 +351,8 @@ impl Hub {
                 None => absent.push(file),
             }
         }
+        let blobs = real_dirs(&self.cache, &[&folder, "blobs"])?;
+        let locks = real_dirs(&self.cache, &[".locks", &folder])?;
         let mut shards = BTreeSet::new();
         for (file, meta) in &fetched {
             fetch_blob(&client, &blobs, &locks, file, meta)?;
@@ -352,21 +369,23 @@ impl Hub {
             fetched.push((shard, meta));
         }
 
-        let snapshot = repo.join("snapshots").join(&commit);
-        fs::create_dir_all(&snapshot)
-            .with_context(|| format!("creating {}", snapshot.display()))?;
+        let snapshot = real_dirs(&self.cache, &[&folder, "snapshots", &commit])?;
         for (file, meta) in &fetched {
             link(&blobs, &meta.etag, &snapshot.join(file))?;
         }
-        let no_exist = repo.join(".no_exist").join(&commit);
-        for file in &absent {
-            fs::create_dir_all(&no_exist)
-                .with_context(|| format!("creating {}", no_exist.display()))?;
-            File::create(no_exist.join(file))
-                .with_context(|| format!("creating {}", no_exist.join(file).display()))?;
+        if !absent.is_empty() {
+            let no_exist = real_dirs(&self.cache, &[&folder, ".no_exist", &commit])?;
+            for file in &absent {
+                let marker = no_exist.join(file);
+                if !fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file()) {
+                    // A fresh file renamed into place: nothing there is written through.
+                    write_atomic(&marker, b"")?;
+                }
+            }
         }
         if model.revision != commit {
-            write_atomic(&repo.join("refs").join(&model.revision), commit.as_bytes())?;
+            let refs = real_dirs(&self.cache, &[&folder, "refs"])?;
+            write_atomic(&refs.join(&model.revision), commit.as_bytes())?;
         }
         Ok(snapshot)
     }
@@ -453,6 +472,12 @@ fn shard_names(index: &Path, file: &str) -> Result<BTreeSet<String>> {
     }
     if shards.is_empty() {
         bail!("{file} names no shards");
+    }
+    if shards.len() > MAX_SHARDS {
+        bail!(
+            "{file} names {} shards, over the limit of {MAX_SHARDS}; refused",
+            shards.len()
+        );
     }
     Ok(shards)
 }
@@ -607,6 +632,13 @@ impl Client {
                 .or_else(|| header(&response, "etag"))
                 .ok_or_else(|| anyhow!("HEAD {current}: no ETag for {file}"))?;
             let etag = normalize_etag(&raw);
+            if etag.len() > MAX_ETAG_LEN {
+                bail!(
+                    "HEAD {current}: refusing the ETag for {file}: it is {} characters long, \
+                     over the limit of {MAX_ETAG_LEN} (it names the blob file)",
+                    etag.len()
+                );
+            }
             if let Err(why) = check_file_name(&etag) {
                 bail!("HEAD {current}: refusing the ETag {raw:?} for {file}: {why} (it names the blob file)");
             }
@@ -738,8 +770,9 @@ fn join_location(base: &str, location: &str) -> Result<String> {
 /// (continuing a previous attempt), checks size and sha256, renames into place.
 fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Meta) -> Result<()> {
     let blob = blobs.join(&meta.etag);
+    // A blob is a regular file maporl renamed into place, never a link to somewhere else.
     let sized = |path: &Path| {
-        fs::metadata(path)
+        fs::symlink_metadata(path)
             .ok()
             .filter(|m| m.is_file() && meta.size.is_none_or(|s| s == m.len()))
             .is_some()
@@ -747,23 +780,33 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
     if sized(&blob) {
         return Ok(());
     }
-    fs::create_dir_all(blobs).with_context(|| format!("creating {}", blobs.display()))?;
     let _lock = lock(&locks.join(format!("{}.lock", meta.etag)))?;
     if sized(&blob) {
         return Ok(()); // another process fetched it while this one waited
     }
     let part = blobs.join(format!("{}.incomplete", meta.etag));
-    let mut out = OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .open(&part)
-        .with_context(|| format!("opening {}", part.display()))?;
-    let mut have = out
+    if fs::symlink_metadata(&part).is_ok_and(|m| !m.is_file()) {
+        // Not what an interrupted download leaves (a link planted in a shared cache, say):
+        // removed, never written through.
+        fs::remove_file(&part).with_context(|| {
+            format!(
+                "{} is not a regular file; removing it failed",
+                part.display()
+            )
+        })?;
+    }
+    let mut out = open_no_follow(
+        OpenOptions::new().create(true).read(true).append(true),
+        &part,
+    )?;
+    let part_meta = out
         .metadata()
-        .with_context(|| format!("reading {}", part.display()))?
-        .len();
-    if meta.size.is_some_and(|s| have > s) {
+        .with_context(|| format!("reading {}", part.display()))?;
+    if !part_meta.is_file() {
+        bail!("{} is not a regular file; refused", part.display());
+    }
+    let mut have = part_meta.len();
+    if meta.size.is_some_and(|s| have > s) || have > MAX_FILE_BYTES {
         out.set_len(0)?;
         have = 0;
     }
@@ -810,7 +853,7 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
             }
             _ => return Err(http_error("GET", &meta.location, &response)),
         }
-        let remaining = meta.size.map(|s| s - have);
+        let remaining = meta.size.map(|s| s.saturating_sub(have));
         let announced =
             header(&response, "content-length").and_then(|l| l.trim().parse::<u64>().ok());
         if let (Some(announced), Some(remaining)) = (announced, remaining) {
@@ -824,7 +867,7 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
                 );
             }
         }
-        let limit = remaining.unwrap_or(MAX_FILE_BYTES - have);
+        let limit = remaining.unwrap_or(MAX_FILE_BYTES.saturating_sub(have));
         let mut body = response.body_mut().as_reader().take(limit + 1);
         let written = copy(&mut body, &mut out).with_context(|| {
             format!(
@@ -915,17 +958,62 @@ fn copy(from: &mut impl Read, to: &mut impl Write) -> io::Result<u64> {
     }
 }
 
-/// An exclusive lock on `path` (created), held until the file is dropped.
-fn lock(path: &Path) -> Result<File> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// `base`/`parts`..., each folder created when missing and checked to be a real folder, not
+/// a symbolic link (`base` itself, the cache, may be one): a link planted in a shared cache
+/// would send what is written inside it elsewhere.
+fn real_dirs(base: &Path, parts: &[&str]) -> Result<PathBuf> {
+    fs::create_dir_all(base).with_context(|| format!("creating {}", base.display()))?;
+    let mut dir = base.to_path_buf();
+    for part in parts {
+        dir.push(part);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+        let meta =
+            fs::symlink_metadata(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        if meta.file_type().is_symlink() {
+            bail!(
+                "{} is a symbolic link, not a folder of the cache; refused (writing through it \
+                 could change files elsewhere; remove it to download again)",
+                dir.display()
+            );
+        }
+        if !meta.is_dir() {
+            bail!("{} is not a folder; refused", dir.display());
+        }
     }
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(dir)
+}
+
+/// Opens `path` without following a symbolic link there (`O_NOFOLLOW` on unix): a link
+/// planted in a shared cache would otherwise have maporl create, write or empty its target.
+fn open_no_follow(options: &mut OpenOptions, path: &Path) -> Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path).map_err(|e| {
+        if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            anyhow!(
+                "{} is a symbolic link, not a file maporl made; refused (remove it to go on)",
+                path.display()
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("opening {}", path.display()))
+        }
+    })
+}
+
+/// An exclusive lock on `path` (created; its folder must exist), held until the file is
+/// dropped.
+fn lock(path: &Path) -> Result<File> {
+    let file = open_no_follow(
+        OpenOptions::new().create(true).truncate(false).write(true),
+        path,
+    )?;
     #[cfg(unix)]
     {
         use std::os::unix::io::AsRawFd;
@@ -938,22 +1026,78 @@ fn lock(path: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// `snapshot_file` -> `../../blobs/<etag>` (a copy of the blob where symlinks fail).
+/// A name for a temporary entry in a snapshot folder: starts with `.`, which no file from
+/// the hub does, and unique to this process and call.
+fn temp_name(dir: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    dir.join(format!(".maporl-tmp-{}-{n}-{nanos}", std::process::id()))
+}
+
+/// Whether a failed `symlink` means the file system has none (then the blob is copied).
+#[cfg(unix)]
+fn symlinks_unsupported(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Unsupported
+        || e.raw_os_error()
+            .is_some_and(|c| c == libc::EPERM || c == libc::ENOTSUP || c == libc::EOPNOTSUPP)
+}
+
+/// `snapshot_file` -> `../../blobs/<etag>` (a copy of the blob where the file system has no
+/// symlinks). The entry is made under a temporary name and renamed over `snapshot_file`:
+/// whatever is there (the same link, just made by another process; a stale file; a link
+/// planted elsewhere) is replaced, never opened for writing.
 fn link(blobs: &Path, etag: &str, snapshot_file: &Path) -> Result<()> {
-    if fs::symlink_metadata(snapshot_file).is_ok() {
-        fs::remove_file(snapshot_file)
-            .with_context(|| format!("replacing {}", snapshot_file.display()))?;
-    }
     #[cfg(unix)]
     {
+        let dir = snapshot_file
+            .parent()
+            .ok_or_else(|| anyhow!("{} has no folder", snapshot_file.display()))?;
         let target = Path::new("../../blobs").join(etag);
-        if std::os::unix::fs::symlink(&target, snapshot_file).is_ok() {
-            return Ok(());
+        let mut tries = 0;
+        loop {
+            let tmp = temp_name(dir);
+            match std::os::unix::fs::symlink(&target, &tmp) {
+                Ok(()) => {
+                    return fs::rename(&tmp, snapshot_file)
+                        .inspect_err(|_| {
+                            let _ = fs::remove_file(&tmp);
+                        })
+                        .with_context(|| {
+                            format!("renaming a new link into {}", snapshot_file.display())
+                        });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
+                Err(e) if symlinks_unsupported(&e) => break,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("linking {} in {}", target.display(), dir.display())
+                    })
+                }
+            }
         }
     }
-    let blob = blobs.join(etag);
-    fs::copy(&blob, snapshot_file)
+    copy_blob(&blobs.join(etag), snapshot_file)
+}
+
+/// `blob`'s bytes into a fresh temporary file renamed over `snapshot_file`.
+fn copy_blob(blob: &Path, snapshot_file: &Path) -> Result<()> {
+    let dir = snapshot_file
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no folder", snapshot_file.display()))?;
+    let mut from = File::open(blob).with_context(|| format!("opening {}", blob.display()))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".maporl-tmp-")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    copy(&mut from, tmp.as_file_mut())
+        .and_then(|_| tmp.as_file().sync_all())
         .with_context(|| format!("copying {} to {}", blob.display(), snapshot_file.display()))?;
+    tmp.persist(snapshot_file)
+        .map_err(|e| e.error)
+        .with_context(|| format!("renaming a copy into {}", snapshot_file.display()))?;
     Ok(())
 }
 
@@ -1030,6 +1174,111 @@ mod tests {
             assert!(check_file_name(bad).is_err(), "{bad:?}");
         }
         assert!(check_file_name("model-00001-of-00002.safetensors").is_ok());
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn linking_replaces_what_is_there_and_never_writes_through_it() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("models--o--n");
+        let blobs = repo.join("blobs");
+        let snapshot = repo.join("snapshots").join("c0ffee");
+        fs::create_dir_all(&blobs).unwrap();
+        fs::create_dir_all(&snapshot).unwrap();
+        let bytes = b"the weights, which must survive".to_vec();
+        fs::write(blobs.join("etag1"), &bytes).unwrap();
+        let file = snapshot.join("model.safetensors");
+        let target = Path::new("../../blobs/etag1");
+        let check = |what: &str| {
+            assert_eq!(
+                fs::read(blobs.join("etag1")).unwrap(),
+                bytes,
+                "{what}: the blob"
+            );
+            assert_eq!(fs::read(&file).unwrap(), bytes, "{what}: the snapshot file");
+            let names: Vec<_> = fs::read_dir(&snapshot)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                names,
+                ["model.safetensors"],
+                "{what}: no temporary entry left"
+            );
+        };
+        // What a second process finds when the first one has just made the link.
+        symlink(target, &file).unwrap();
+        link(&blobs, "etag1", &file).unwrap();
+        assert_eq!(fs::read_link(&file).unwrap(), target);
+        check("over the same link");
+        // A stale regular file.
+        fs::remove_file(&file).unwrap();
+        fs::write(&file, b"stale").unwrap();
+        link(&blobs, "etag1", &file).unwrap();
+        assert_eq!(fs::read_link(&file).unwrap(), target);
+        check("over a stale file");
+        // The copy made where symlinks fail replaces the link, too, without following it
+        // (`fs::copy` there used to empty the blob).
+        copy_blob(&blobs.join("etag1"), &file).unwrap();
+        assert!(fs::symlink_metadata(&file).unwrap().is_file());
+        check("a copy over the link");
+        // Processes racing on the same entry all succeed, and the blob keeps its bytes.
+        fs::remove_file(&file).unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        link(&blobs, "etag1", &file).unwrap();
+                    }
+                });
+            }
+        });
+        check("after racing links");
+    }
+
+    #[test]
+    fn an_index_with_too_many_shards_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join(WEIGHTS_INDEX);
+        let write = |n: usize| {
+            let map: serde_json::Map<String, serde_json::Value> = (0..n)
+                .map(|i| (format!("t{i}"), format!("model-{i:05}.safetensors").into()))
+                .collect();
+            fs::write(&index, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
+        };
+        write(MAX_SHARDS);
+        assert_eq!(
+            shard_names(&index, WEIGHTS_INDEX).unwrap().len(),
+            MAX_SHARDS
+        );
+        write(MAX_SHARDS + 1);
+        let e = format!("{:#}", shard_names(&index, WEIGHTS_INDEX).unwrap_err());
+        assert!(e.contains("4097 shards, over the limit of 4096"), "{e}");
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn cache_folders_that_are_links_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("hub");
+        let victim = dir.path().join("victim");
+        fs::create_dir_all(&victim).unwrap();
+        assert_eq!(
+            real_dirs(&cache, &["models--o--n", "blobs"]).unwrap(),
+            cache.join("models--o--n/blobs")
+        );
+        std::os::unix::fs::symlink(&victim, cache.join("models--o--n/snapshots")).unwrap();
+        let e = format!(
+            "{:#}",
+            real_dirs(&cache, &["models--o--n", "snapshots", "c0ffee"]).unwrap_err()
+        );
+        assert!(
+            e.contains(&cache.join("models--o--n/snapshots").display().to_string())
+                && e.contains("symbolic link"),
+            "{e}"
+        );
+        assert!(!victim.join("c0ffee").exists());
     }
 
     #[test]
