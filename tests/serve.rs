@@ -84,12 +84,17 @@ fn serve(extra_config: &str, args: &[&str]) -> Served {
 
 /// `maporl serve ARGS --addr 127.0.0.1:0`, and the address it says it listens on.
 fn spawn(args: &[String]) -> (Child, String) {
+    spawn_logging(args, Stdio::inherit())
+}
+
+/// [`spawn`] with the server's stderr going to `stderr`.
+fn spawn_logging(args: &[String], stderr: Stdio) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_maporl"))
         .arg("serve")
         .args(args)
         .args(["--addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -259,6 +264,8 @@ fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
             "64",
             "--max-body-bytes",
             "65536",
+            "--max-prompt-tokens",
+            "200",
         ],
     );
     let base = s.base.clone();
@@ -438,7 +445,19 @@ fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
         ),
         ("/v1/chat/completions", &chat_body(0, &long, 1, false), 400, "positions"),
         ("/v1/chat/completions", &chat_body(0, &huge, 1, false), 413, "65536 bytes"),
+        (
+            "/v1/chat/completions",
+            &chat_body(0, &"word ".repeat(300), 1, false),
+            400,
+            "--max-prompt-tokens",
+        ),
         ("/v1/debate", r#"{"question": ""}"#, 400, "`question` is empty"),
+        (
+            "/v1/debate",
+            &json!({"question": "word ".repeat(300)}).to_string(),
+            400,
+            "this server reads at most 200",
+        ),
         ("/v1/judge", r#"{"question": "q", "responses": ["a"]}"#, 404, "no learned verifier"),
         ("/v1/nothing", "{}", 404, "no such route"),
     ] {
@@ -479,7 +498,7 @@ fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
             &m,
             &format!("maporl_requests_total{{{route},status=\"400\"}}")
         ),
-        3.0
+        4.0
     );
     assert_eq!(
         metric(
@@ -493,7 +512,7 @@ fn concurrent_clients_get_their_own_seeded_answers_and_bad_requests_get_4xx() {
             &m,
             &format!("maporl_request_duration_seconds_count{{{route}}}")
         ),
-        75.0
+        76.0
     );
     assert!(metric(&m, "maporl_generated_tokens_total{agent=\"0\"}") > 0.0);
     assert_eq!(metric(&m, "maporl_queue_depth"), 0.0);
@@ -736,4 +755,64 @@ fn a_training_run_is_served_with_its_agents_adapters() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds no agent adapters"), "{err}");
+}
+
+/// A client that starts a stream and stops reading cannot hold the server up: after SIGTERM,
+/// `--shutdown-timeout` later, it stops anyway and exits 0.
+#[test]
+fn a_client_that_stops_reading_cannot_hold_up_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_qwen2(&model);
+    let config = write_config(dir.path(), &model, "");
+    let log = dir.path().join("stderr.log");
+    let args: Vec<String> = ["--config", &config.display().to_string(), "--workers", "1"]
+        .into_iter()
+        .chain(["--max-tokens", "4000", "--shutdown-timeout", "1"])
+        .map(String::from)
+        .collect();
+    let (child, base) = spawn_logging(&args, Stdio::from(std::fs::File::create(&log).unwrap()));
+    let mut s = Served {
+        child,
+        base: base.clone(),
+        _dir: dir,
+        config,
+    };
+    // A raw connection that asks for a long stream (4 completions of up to 4000 tokens:
+    // megabytes of events) and never reads.
+    let body = json!({"model": "agent-0", "messages": [{"role": "user", "content": "Go on."}],
+                      "seed": 3, "n": 4, "max_tokens": 4000, "stream": true})
+    .to_string();
+    let addr = base.strip_prefix("http://").unwrap();
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::Write;
+    write!(
+        stalled,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, h) = get(&base, "/health");
+        let h: Value = serde_json::from_str(&h).unwrap();
+        if h["busy_workers"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 60, "the request never started");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    unsafe {
+        libc::kill(s.child.id() as i32, libc::SIGTERM);
+    }
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let stderr = std::fs::read_to_string(s._dir.path().join("stderr.log")).unwrap();
+    assert!(
+        stderr.contains("after the shutdown signal: stopping anyway"),
+        "{stderr}"
+    );
+    drop(stalled);
 }

@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// Most responses in one judge request.
     #[arg(long, default_value_t = 256)]
     max_responses: usize,
+    /// Longest chat prompt, and longest debate or judge question, in tokens (prefill memory
+    /// grows with its square).
+    #[arg(long, default_value_t = 4096)]
+    max_prompt_tokens: usize,
+    /// Seconds the requests in flight may take to finish after SIGTERM or Ctrl-C.
+    #[arg(long, default_value_t = 60)]
+    shutdown_timeout: u64,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -68,7 +75,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_n: args.max_n,
             max_messages: args.max_messages,
             max_responses: args.max_responses,
+            max_prompt_tokens: args.max_prompt_tokens,
         },
+        shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
     };
     let server = Server::start(config, opts)?;
     // The one line a script waits for; the port is the real one when --addr asked for 0.

@@ -354,6 +354,12 @@ pub struct Completions {
 }
 
 impl ModelTeam {
+    /// The length in tokens of the prompt agent `agent` reads for `messages`.
+    pub fn prompt_tokens(&self, agent: usize, messages: &[ChatMessage]) -> anyhow::Result<usize> {
+        anyhow::ensure!(agent < self.members.len(), "no agent {agent}");
+        Ok(self.prompt_ids(agent, messages)?.len())
+    }
+
     /// Checks that agent `agent` can answer `messages` with up to `max_tokens` new tokens;
     /// returns the prompt's length in tokens, or says what does not fit.
     pub fn check_chat(

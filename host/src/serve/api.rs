@@ -59,7 +59,14 @@ pub struct Limits {
     pub max_messages: usize,
     /// Most responses one judge request may score.
     pub max_responses: usize,
+    /// Longest prompt a chat may have, and longest question a debate or a judge request may
+    /// ask, in tokens (as agent 0 counts them for a question): prefill memory grows with the
+    /// square of the prompt, so a model's whole context is not offered to every client.
+    pub max_prompt_tokens: usize,
 }
+
+/// Temperatures below this decode greedily (as 0 does).
+pub const MIN_TEMPERATURE: f64 = 1e-4;
 
 /// A checked `POST /v1/chat/completions` request.
 #[derive(Debug, Clone)]
@@ -212,13 +219,16 @@ pub fn chat_request(body: &[u8], agents: usize, limits: &Limits) -> Result<ChatR
             "`{field}` is not supported by this server (leave it out)"
         )));
     }
-    if let Some(t) = raw.temperature {
-        if !(0.0..=2.0).contains(&t) {
+    let temperature = match raw.temperature {
+        Some(t) if !(0.0..=2.0).contains(&t) => {
             return Err(ApiError::invalid(format!(
                 "`temperature` is {t}; it must be between 0 and 2"
-            )));
+            )))
         }
-    }
+        // Dividing logits by less overflows them: such a temperature is greedy decoding.
+        Some(t) if t < MIN_TEMPERATURE => Some(0.0),
+        t => t,
+    };
     if let Some(p) = raw.top_p {
         if !(p > 0.0 && p <= 1.0) {
             return Err(ApiError::invalid(format!(
@@ -298,7 +308,7 @@ pub fn chat_request(body: &[u8], agents: usize, limits: &Limits) -> Result<ChatR
         agent,
         model,
         messages,
-        temperature: raw.temperature,
+        temperature,
         top_p: raw.top_p,
         top_k,
         max_tokens,
@@ -465,6 +475,7 @@ mod tests {
             max_n: 4,
             max_messages: 8,
             max_responses: 16,
+            max_prompt_tokens: 100,
         }
     }
 
@@ -501,6 +512,13 @@ mod tests {
             top_k: 5,
         };
         assert_eq!(r.sampling(agent), agent);
+        for (t, read) in [(1e-40, 0.0), (0.0, 0.0), (1e-4, 1e-4), (0.7, 0.7)] {
+            let body = format!(
+                r#"{{"model":"0","messages":[{{"role":"user","content":"q"}}],"temperature":{t}}}"#
+            );
+            let r = chat_request(body.as_bytes(), 2, &limits()).unwrap();
+            assert_eq!(r.temperature, Some(read), "{t}");
+        }
     }
 
     #[test]

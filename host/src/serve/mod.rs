@@ -48,6 +48,9 @@ pub struct ServeOptions {
     /// Largest request body, in bytes; larger gets 413.
     pub max_body_bytes: usize,
     pub limits: Limits,
+    /// After the shutdown signal, how long requests in flight may take to finish; then the
+    /// server stops anyway (a client that stopped reading cannot hold it up).
+    pub shutdown_timeout: std::time::Duration,
 }
 
 /// A started server: models loaded, workers running, the address bound.
@@ -61,8 +64,8 @@ pub struct Server {
 struct AppState {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
-    limits: Arc<Limits>,
     max_body_bytes: usize,
+    shutdown_timeout: std::time::Duration,
 }
 
 impl Server {
@@ -80,6 +83,7 @@ impl Server {
             team,
             judge,
             metrics,
+            limits: opts.limits,
         });
         let (queue, workers) = workers::start(shared.clone(), opts.workers, opts.queue)?;
         let listener = std::net::TcpListener::bind(opts.addr)
@@ -90,8 +94,8 @@ impl Server {
             state: AppState {
                 shared,
                 queue: Arc::new(queue),
-                limits: Arc::new(opts.limits),
                 max_body_bytes: opts.max_body_bytes,
+                shutdown_timeout: opts.shutdown_timeout,
             },
             workers,
         })
@@ -103,7 +107,8 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes; then takes no new connections, finishes the
-    /// requests in flight (streams included), lets the workers drain and returns.
+    /// requests in flight (streams included) within the shutdown timeout, lets the workers
+    /// drain and returns.
     pub fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -116,13 +121,35 @@ impl Server {
             workers,
         } = self;
         let queue = state.queue.clone();
+        let grace = state.shutdown_timeout;
         let app = router(state);
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .context("serve")
+            let (told, mut heard) = tokio::sync::watch::channel(false);
+            let signal = async move {
+                shutdown.await;
+                let _ = told.send(true);
+            };
+            let deadline = async move {
+                while !*heard.borrow_and_update() {
+                    if heard.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                tokio::time::sleep(grace).await;
+            };
+            tokio::select! {
+                served = axum::serve(listener, app).with_graceful_shutdown(signal) => {
+                    served.context("serve")
+                }
+                _ = deadline => {
+                    tracing::warn!(
+                        "requests still in flight {grace:?} after the shutdown signal: stopping \
+                         anyway"
+                    );
+                    Ok(())
+                }
+            }
         })?;
         queue.close();
         for w in workers {
@@ -288,7 +315,7 @@ async fn chat_inner(
     since: Instant,
 ) -> Result<Response, ApiError> {
     let raw = body(state, raw)?;
-    let request = api::chat_request(&raw, state.shared.team.len(), &state.limits)?;
+    let request = api::chat_request(&raw, state.shared.team.len(), &state.shared.limits)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (model, stream, usage, n) = (
         request.model.clone(),
@@ -431,7 +458,7 @@ async fn judge(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>
                  section (checkpoint = \"RUN/checkpoints/final\")",
             ));
         }
-        let request = api::judge_request(&raw, &state.limits)?;
+        let request = api::judge_request(&raw, &state.shared.limits)?;
         let (reply, answer) = oneshot::channel();
         state.queue.submit(Job::Judge { request, reply })?;
         answer

@@ -14,13 +14,13 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::api::{ApiError, ChatRequest, DebateRequest, JudgeRequest};
+use super::api::{ApiError, ChatRequest, DebateRequest, JudgeRequest, Limits};
 use super::metrics::Metrics;
 use crate::config::Config;
 use crate::debate::{
     self, CompletionOptions, Completions, Debate, ModelTeam, OnPluginError, Plugins,
 };
-use crate::transcript::Task;
+use crate::transcript::{ChatMessage, Role, Task};
 use crate::verifier::LearnedVerifier;
 
 /// What a chat job tells its request as it goes.
@@ -73,6 +73,29 @@ pub struct Shared {
     pub team: ModelTeam,
     pub judge: Option<Arc<LearnedVerifier>>,
     pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+}
+
+impl Shared {
+    /// Refuses a question longer than `--max-prompt-tokens` (as agent 0 counts it).
+    fn check_question(&self, question: &str) -> Result<(), ApiError> {
+        let messages = [ChatMessage {
+            role: Role::User,
+            content: question.to_string(),
+        }];
+        let tokens = self
+            .team
+            .prompt_tokens(0, &messages)
+            .map_err(|e| ApiError::invalid(format!("`question`: {e:#}")))?;
+        let most = self.limits.max_prompt_tokens;
+        if tokens > most {
+            return Err(ApiError::invalid(format!(
+                "`question` is {tokens} tokens as a prompt; this server reads at most {most} \
+                 (serve --max-prompt-tokens)"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The queue's sending end; closed (None) once the server stops taking requests.
@@ -144,8 +167,10 @@ pub fn start(
         let handle = std::thread::Builder::new()
             .name(format!("maporl-worker-{w}"))
             .spawn(move || {
-                let plugins =
-                    crate::session::load_plugins_judged(&shared.config, shared.judge.clone());
+                // One model, a score cache per worker: concurrent debates do not empty each
+                // other's.
+                let judge = shared.judge.as_ref().map(|j| Arc::new(j.with_own_cache()));
+                let plugins = crate::session::load_plugins_judged(&shared.config, judge);
                 match plugins {
                     Ok((plugins, _)) => {
                         let _ = ready.send(Ok(()));
@@ -206,7 +231,16 @@ fn work(shared: &Shared, mut plugins: Plugins, receiver: &Mutex<Receiver<Queued>
 fn chat(shared: &Shared, request: &ChatRequest, events: &mpsc::UnboundedSender<ChatEvent>) {
     let team = &shared.team;
     let a = request.agent;
-    if let Err(why) = team.check_chat(a, &request.messages, request.max_tokens) {
+    let most = shared.limits.max_prompt_tokens;
+    let refusal = match team.check_chat(a, &request.messages, request.max_tokens) {
+        Err(why) => Some(why),
+        Ok(tokens) if tokens > most => Some(format!(
+            "the prompt is {tokens} tokens; this server reads at most {most} (serve \
+             --max-prompt-tokens)"
+        )),
+        Ok(_) => None,
+    };
+    if let Some(why) = refusal {
         let _ = events.send(ChatEvent::Failed(ApiError::invalid(why)));
         return;
     }
@@ -252,6 +286,7 @@ fn debate(
     request: &DebateRequest,
 ) -> Result<Value, ApiError> {
     let config = &shared.config;
+    shared.check_question(&request.question)?;
     let seed = request.seed.unwrap_or_else(rand::random);
     let task = Task {
         id: request.id.clone().unwrap_or_else(|| "request".into()),
@@ -345,6 +380,7 @@ fn judge(shared: &Shared, request: &JudgeRequest) -> Result<Value, ApiError> {
         .judge
         .as_ref()
         .ok_or_else(|| ApiError::internal("no learned verifier"))?;
+    shared.check_question(&request.question)?;
     let pairs: Vec<(&str, &str)> = request
         .responses
         .iter()

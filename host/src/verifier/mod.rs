@@ -313,7 +313,8 @@ pub fn read_meta(dir: &Path) -> anyhow::Result<Meta> {
 /// (question, response) between [`Judge::prefetch`] calls, so a verifier plugin that calls
 /// `judge` per task after the host prefetched the whole turn costs no extra forward pass.
 pub struct LearnedVerifier {
-    model: Mutex<VerifierModel>,
+    /// Shared by the views [`with_own_cache`](Self::with_own_cache) makes.
+    model: Arc<Mutex<VerifierModel>>,
     batch_size: usize,
     checkpoint: PathBuf,
     sha256: String,
@@ -331,7 +332,7 @@ impl LearnedVerifier {
         let sha256 = checkpoint_sha256(checkpoint)?;
         let model = VerifierModel::load(model, checkpoint, dtype, device)?;
         Ok(LearnedVerifier {
-            model: Mutex::new(model),
+            model: Arc::new(Mutex::new(model)),
             batch_size,
             checkpoint: checkpoint.to_path_buf(),
             sha256,
@@ -375,18 +376,42 @@ impl LearnedVerifier {
         &self.sha256
     }
 
-    /// P(correct) of each (question, response), in batches of the configured size.
-    pub fn probabilities(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
+    /// The same model (shared, not copied) with a score cache of its own: for debates run at
+    /// the same time (a server's workers), so that one's prefetch does not empty the cache of
+    /// another, whose scores would then be computed again in other batches.
+    pub fn with_own_cache(&self) -> LearnedVerifier {
+        LearnedVerifier {
+            model: self.model.clone(),
+            batch_size: self.batch_size,
+            checkpoint: self.checkpoint.clone(),
+            sha256: self.sha256.clone(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The model, even after a panic while another caller held it (its weights are only
+    /// read, so a panic cannot leave them half-written).
+    fn model(&self) -> std::sync::MutexGuard<'_, VerifierModel> {
         self.model
             .lock()
-            .unwrap()
-            .probabilities(pairs, self.batch_size)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), f32>> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// P(correct) of each (question, response), in batches of the configured size.
+    pub fn probabilities(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
+        self.model().probabilities(pairs, self.batch_size)
     }
 
     /// Scores the pairs not in the cache, adds them to it, and returns every pair's score.
     /// The cache stays locked throughout, so a concurrent prefetch cannot empty it between.
     fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
-        let mut cache = self.cache.lock().unwrap();
+        let mut cache = self.cache();
         let mut seen = std::collections::HashSet::new();
         let missing: Vec<(&str, &str)> = pairs
             .iter()
@@ -395,11 +420,7 @@ impl LearnedVerifier {
             .copied()
             .collect();
         if !missing.is_empty() {
-            let probs = self
-                .model
-                .lock()
-                .unwrap()
-                .probabilities(&missing, self.batch_size)?;
+            let probs = self.model().probabilities(&missing, self.batch_size)?;
             for ((q, r), p) in missing.into_iter().zip(probs) {
                 cache.insert((q.to_string(), r.to_string()), p);
             }
@@ -419,7 +440,7 @@ impl Judge for LearnedVerifier {
     }
 
     fn prefetch(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
-        self.cache.lock().unwrap().clear();
+        self.cache().clear();
         self.fill(pairs)
             .map(|_| ())
             .map_err(|e| format!("the learned verifier failed: {e:#}"))
