@@ -238,6 +238,23 @@ fn stream(base: &str, body: &str) -> (String, String, usize, std::time::Instant)
     (text, finish, chunks, last_text)
 }
 
+/// Polls `/health` until its `field` is `value` (a minute at most).
+fn wait_for_health(base: &str, field: &str, value: u64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, h) = get(base, "/health");
+        let h: Value = serde_json::from_str(&h).unwrap();
+        if h[field].as_u64() == Some(value) {
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "{field} never reached {value}: {h}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -553,21 +570,7 @@ fn judge_answers_like_the_library_and_sigterm_finishes_in_flight_requests() {
 
     // Full: one request generating, one waiting (--queue 1); a third is refused with 429 and
     // Retry-After, and the two others are served.
-    let busy_until = |field: &str, value: u64| {
-        let t0 = std::time::Instant::now();
-        loop {
-            let (_, h) = get(&base, "/health");
-            let h: Value = serde_json::from_str(&h).unwrap();
-            if h[field].as_u64() == Some(value) {
-                return;
-            }
-            assert!(
-                t0.elapsed().as_secs() < 60,
-                "{field} never reached {value}: {h}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    };
+    let busy_until = |field: &str, value: u64| wait_for_health(&base, field, value);
     let long_body = |seed: u64| {
         json!({"model": "agent-0", "messages": [{"role": "user", "content": "Tell a story."}],
                "seed": seed, "max_tokens": 4000, "temperature": 1.0, "stream": true})
@@ -616,16 +619,7 @@ fn judge_answers_like_the_library_and_sigterm_finishes_in_flight_requests() {
     let b = base.clone();
     let in_flight = std::thread::spawn(move || stream(&b, &long));
     // Wait until the worker is busy with it.
-    let t0 = std::time::Instant::now();
-    loop {
-        let (_, h) = get(&base, "/health");
-        let h: Value = serde_json::from_str(&h).unwrap();
-        if h["busy_workers"].as_u64() == Some(1) {
-            break;
-        }
-        assert!(t0.elapsed().as_secs() < 60, "the request never started");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_health(&base, "busy_workers", 1);
     let terminated = std::time::Instant::now();
     unsafe {
         libc::kill(s.child.id() as i32, libc::SIGTERM);
@@ -794,16 +788,7 @@ fn a_client_that_stops_reading_cannot_hold_up_shutdown() {
         body.len()
     )
     .unwrap();
-    let t0 = std::time::Instant::now();
-    loop {
-        let (_, h) = get(&base, "/health");
-        let h: Value = serde_json::from_str(&h).unwrap();
-        if h["busy_workers"].as_u64() == Some(1) {
-            break;
-        }
-        assert!(t0.elapsed().as_secs() < 60, "the request never started");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_health(&base, "busy_workers", 1);
     unsafe {
         libc::kill(s.child.id() as i32, libc::SIGTERM);
     }

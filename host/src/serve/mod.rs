@@ -433,18 +433,10 @@ async fn debate(State(state): State<AppState>, raw: Result<Bytes, BytesRejection
     let result = async {
         let raw = body(&state, raw)?;
         let request = api::debate_request(&raw)?;
-        let (reply, answer) = oneshot::channel();
-        state.queue.submit(Job::Debate { request, reply })?;
-        answer
-            .await
-            .map_err(|_| ApiError::internal("the worker stopped without an answer"))?
+        answer_of(&state, |reply| Job::Debate { request, reply }).await
     }
     .await;
-    let response = match result {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => error(&e),
-    };
-    answered(&state, "/v1/debate", since, response)
+    json_answer(&state, "/v1/debate", since, result)
 }
 
 async fn judge(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>) -> Response {
@@ -459,16 +451,34 @@ async fn judge(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>
             ));
         }
         let request = api::judge_request(&raw, &state.shared.limits)?;
-        let (reply, answer) = oneshot::channel();
-        state.queue.submit(Job::Judge { request, reply })?;
-        answer
-            .await
-            .map_err(|_| ApiError::internal("the worker stopped without an answer"))?
+        answer_of(&state, |reply| Job::Judge { request, reply }).await
     }
     .await;
+    json_answer(&state, "/v1/judge", since, result)
+}
+
+/// Queues the job `job` makes with its reply channel, and waits for the reply.
+async fn answer_of(
+    state: &AppState,
+    job: impl FnOnce(oneshot::Sender<Result<Value, ApiError>>) -> Job,
+) -> Result<Value, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    state.queue.submit(job(reply))?;
+    answer
+        .await
+        .map_err(|_| ApiError::internal("the worker stopped without an answer"))?
+}
+
+/// The JSON answer or error, recorded under `route`.
+fn json_answer(
+    state: &AppState,
+    route: &'static str,
+    since: Instant,
+    result: Result<Value, ApiError>,
+) -> Response {
     let response = match result {
         Ok(v) => Json(v).into_response(),
         Err(e) => error(&e),
     };
-    answered(&state, "/v1/judge", since, response)
+    answered(state, route, since, response)
 }
