@@ -233,17 +233,13 @@ impl ModelTeam {
 impl ModelTeam {
     fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
         let a = agent as usize;
-        let Some(member) = self.members.get(a) else {
+        if a >= self.members.len() {
             return Err(format!(
                 "a prompt for agent {agent}, but the team has {} agents",
                 self.members.len()
             ));
-        };
-        let tokens = self
-            .prompt_ids(a, messages)
-            .map_err(|e| format!("{e:#}"))?
-            .len();
-        let context = member.agent.base.config().max_position_embeddings;
+        }
+        let (tokens, context) = self.prompt_and_context(a, messages)?;
         if tokens + self.max_new_tokens > context {
             return Err(format!(
                 "the prompt for agent {agent} is {tokens} tokens; with up to {} new tokens \
@@ -354,6 +350,26 @@ pub struct Completions {
 }
 
 impl ModelTeam {
+    /// The length in tokens of agent `agent`'s prompt for `messages`, and of its model's
+    /// context.
+    fn prompt_and_context(
+        &self,
+        agent: usize,
+        messages: &[ChatMessage],
+    ) -> Result<(usize, usize), String> {
+        let member = self.members.get(agent).ok_or_else(|| {
+            format!(
+                "no agent {agent}: the team has {} agents",
+                self.members.len()
+            )
+        })?;
+        let tokens = self
+            .prompt_ids(agent, messages)
+            .map_err(|e| format!("{e:#}"))?
+            .len();
+        Ok((tokens, member.agent.base.config().max_position_embeddings))
+    }
+
     /// The length in tokens of the prompt agent `agent` reads for `messages`.
     pub fn prompt_tokens(&self, agent: usize, messages: &[ChatMessage]) -> anyhow::Result<usize> {
         anyhow::ensure!(agent < self.members.len(), "no agent {agent}");
@@ -368,17 +384,7 @@ impl ModelTeam {
         messages: &[ChatMessage],
         max_tokens: usize,
     ) -> Result<usize, String> {
-        let member = self.members.get(agent).ok_or_else(|| {
-            format!(
-                "no agent {agent}: the team has {} agents",
-                self.members.len()
-            )
-        })?;
-        let tokens = self
-            .prompt_ids(agent, messages)
-            .map_err(|e| format!("{e:#}"))?
-            .len();
-        let context = member.agent.base.config().max_position_embeddings;
+        let (tokens, context) = self.prompt_and_context(agent, messages)?;
         if tokens + max_tokens > context {
             return Err(format!(
                 "the prompt is {tokens} tokens; with max_tokens = {max_tokens} it needs {} \
