@@ -11,6 +11,8 @@
 #   scripts/bench-iteration.sh              # THREADS=2 TORCH=1
 #   TORCH=0 scripts/bench-iteration.sh      # candle only
 #   BENCH_SET="--set train.ppo.epochs=1" scripts/bench-iteration.sh   # more --set overrides
+#   BASELINE=/path/to/old/maporl scripts/bench-iteration.sh  # the same step with an older
+#                                    # build first, then a phase-by-phase ratio (one run)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -32,12 +34,21 @@ if [ "$TORCH" = 1 ] && ! "$VENV/bin/python" -c 'import torch, transformers, gguf
 fi
 
 echo "machine: $(nproc --all) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/{print $2}') GiB, threads $THREADS, $(date -u +%F)"
-rm -rf "$OUT/run" "$OUT/batches.jsonl"
-RAYON_NUM_THREADS="$THREADS" MAPORL_PLUGINS="$ROOT/plugins/target/wasm32-wasip2/release" \
-    MAPORL_BENCH_PPO_BATCHES="$OUT/batches.jsonl" \
-    /usr/bin/time -v -o "$OUT/time.txt" "$OUT/maporl" train --config configs/smollm2-arith.toml \
-    --set run_dir="$OUT/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
-    --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
+# One training step with binary $1 into folder $2 (run/, batches.jsonl, time.txt).
+one_step() {
+    rm -rf "$2/run" "$2/batches.jsonl"
+    mkdir -p "$2"
+    RAYON_NUM_THREADS="$THREADS" MAPORL_PLUGINS="$ROOT/plugins/target/wasm32-wasip2/release" \
+        MAPORL_BENCH_PPO_BATCHES="$2/batches.jsonl" \
+        /usr/bin/time -v -o "$2/time.txt" "$1" train --config configs/smollm2-arith.toml \
+        --set run_dir="$2/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
+        --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
+}
+if [ -n "${BASELINE:-}" ]; then
+    echo "baseline: $BASELINE"
+    one_step "$BASELINE" "$OUT/baseline"
+fi
+one_step "$OUT/maporl" "$OUT"
 RSS_KB="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$OUT/time.txt")"
 
 TORCH_JSON=""
@@ -93,4 +104,23 @@ if sys.argv[4]:
     print(f"| update tokens/s | {upd_tokens / c_upd:.1f} | {t['response_tokens'] / t_upd:.1f} | |")
     print(f"| peak RSS | {rss:.0f} MiB (whole iteration) | {t['peak_rss_mib']} MiB (after load: {t['peak_rss_after_load_mib']}) | |")
 PY
+if [ -n "${BASELINE:-}" ]; then
+    python3 - "$OUT/baseline/run/metrics.jsonl" "$OUT/run/metrics.jsonl" <<'PY'
+import json, sys
+old, new = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+def phases(m):
+    return [
+        ("generation", m["generation_seconds"]),
+        ("scoring", m["score_seconds"]),
+        ("optimization", m["optimize_seconds"]),
+        ("one iteration", m["rollout_seconds"] + m["update_seconds"]),
+    ]
+print("\nagainst the baseline build, same command, one after the other:")
+print("| phase | baseline s | now s | speed-up |\n|---|---|---|---|")
+for (name, a), (_, b) in zip(phases(old), phases(new)):
+    print(f"| {name} | {a:.1f} | {b:.1f} | {a / max(b, 1e-9):.2f}x |")
+hits = [s.get("reference_prefix_hit_rate") for s in new["agents"].values()]
+print(f"reference scoring: prefix hit rate {', '.join(f'{h:.1%}' for h in hits if h is not None)} (per agent)")
+PY
+fi
 echo "raw: $OUT"

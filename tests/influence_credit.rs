@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
-use maporl::debate::{self, Debate, OnPluginError, Plugins, Response, Team, TokenIds};
+use maporl::debate::{self, Debate, OnPluginError, Plugins, Request, Response, Team, TokenIds};
 use maporl::model::{score, Agent, Lora, LoraConfig, ValueHead};
 use maporl::optim::AgentOptimizer;
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
@@ -80,31 +80,32 @@ fn prompt_ids(messages: &[ChatMessage]) -> Vec<u32> {
 }
 
 impl Team for Scripted {
-    fn respond(
-        &mut self,
-        turn: u32,
-        requests: &[(u32, &[ChatMessage])],
-    ) -> anyhow::Result<Vec<Response>> {
+    fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         Ok(requests
             .iter()
-            .map(|&(agent, messages)| {
-                let right = self.0[agent as usize][turn as usize - 1];
-                let answer = if right { REFERENCE } else { "40" };
-                let text = format!(
-                    "Agent {} at turn {turn}: I count the apples. Answer: \\boxed{{{answer}}}",
-                    agent + 1
-                );
-                let ids = TokenIds {
-                    prompt: prompt_ids(messages),
-                    response: response_ids(agent, turn, right),
-                };
-                Response {
-                    text,
-                    prompt_tokens: ids.prompt.len(),
-                    response_tokens: ids.response.len(),
-                    ids,
-                }
-            })
+            .map(
+                |&Request {
+                     agent, messages, ..
+                 }| {
+                    let right = self.0[agent as usize][turn as usize - 1];
+                    let answer = if right { REFERENCE } else { "40" };
+                    let text = format!(
+                        "Agent {} at turn {turn}: I count the apples. Answer: \\boxed{{{answer}}}",
+                        agent + 1
+                    );
+                    let ids = TokenIds {
+                        prompt: prompt_ids(messages),
+                        response: response_ids(agent, turn, right),
+                        policy: None,
+                    };
+                    Response {
+                        text,
+                        prompt_tokens: ids.prompt.len(),
+                        response_tokens: ids.response.len(),
+                        ids,
+                    }
+                },
+            )
             .collect())
     }
 }

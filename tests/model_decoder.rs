@@ -6,8 +6,9 @@ use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models as ct;
 use maporl::model::Pass;
 use maporl::model::{
-    generate, score, score_at_temperature, Agent, Base, Config, GenerateOptions, KvCache, Lora,
-    LoraConfig, Sampler, SamplingParams, ValueHead,
+    generate, generate_together, generate_traced, score, score_at_temperature,
+    score_shared_prefixes, Agent, Base, Config, GenerateOptions, KvCache, Lora, LoraConfig,
+    Sampler, SamplingParams, Speaker, ValueHead,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -737,6 +738,282 @@ fn scoring_at_the_sampling_temperature_gives_the_sampled_log_probs() {
     // Greedy decoding (temperature 0) scores at 1; a temperature that is not finite is refused.
     assert_eq!(rows(0.0), plain);
     assert!(score_at_temperature(&agent, &pairs, Pass::Inference, 4, f64::NAN).is_err());
+}
+
+/// The worst |difference| between each generation's traced log-probs / values and a
+/// separate scoring pass over the same prompts and responses, at `t`.
+fn trace_against_scoring(
+    agent: &Agent,
+    prompts: &[Vec<u32>],
+    generated: &[maporl::model::Generation],
+    t: f64,
+) -> (f32, f32) {
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = prompts
+        .iter()
+        .cloned()
+        .zip(generated.iter().map(|g| g.tokens.clone()))
+        .collect();
+    let scored = score_at_temperature(agent, &pairs, Pass::Inference, 4, t).unwrap();
+    let lp = scored.logprobs.to_vec2::<f32>().unwrap();
+    let values = scored.values.unwrap().to_vec2::<f32>().unwrap();
+    let (mut dl, mut dv) = (0.0f32, 0.0f32);
+    for ((g, lp), v) in generated.iter().zip(&lp).zip(&values) {
+        let tr = g.trace.as_ref().expect("traced");
+        assert_eq!(tr.logprobs.len(), g.tokens.len());
+        assert_eq!(tr.values.len(), g.tokens.len());
+        let skip = lp.len() - g.tokens.len();
+        for k in 0..g.tokens.len() {
+            dl = dl.max((tr.logprobs[k] - lp[skip + k]).abs());
+            dv = dv.max((tr.values[k] - v[skip + k]).abs());
+        }
+    }
+    (dl, dv)
+}
+
+#[test]
+fn generation_traces_the_old_policy_as_a_scoring_pass_would() {
+    // What PPO takes from generation instead of scoring the responses again: per token, the
+    // log-prob under the tempered, unfiltered distribution and the value head's value, with
+    // the adapter; rows that stop early leave the batch without changing the others.
+    let (vm, _) = random_base(LLAMA, 73);
+    let base = Arc::new(frozen(LLAMA, &vm));
+    let mut agent = Agent::new(base.clone());
+    let lora = Lora::new(&base, lora_cfg(&["q_proj", "v_proj", "down_proj"]), 3).unwrap();
+    randomize_lora(&lora, 4);
+    agent.lora = Some(lora);
+    agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 5).unwrap());
+    let prompts = vec![
+        vec![1, 2, 3],
+        vec![4, 5, 6, 7, 8, 9, 10],
+        vec![11],
+        vec![12, 13, 14, 15],
+    ];
+    let opts = GenerateOptions {
+        max_new_tokens: 12,
+        // Frequent enough that rows end at different steps.
+        stop_tokens: (100..120).collect(),
+        pad_token: 0,
+    };
+    let p = SamplingParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: 20,
+    };
+    let traced = generate_traced(&agent, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).unwrap();
+    // Tracing changes nothing of what is generated.
+    let plain = generate(&agent, &prompts, &mut Sampler::new(p, 6), &opts).unwrap();
+    for (a, b) in traced.iter().zip(&plain) {
+        assert_eq!(
+            (&a.tokens, &a.logprobs, a.stopped),
+            (&b.tokens, &b.logprobs, b.stopped)
+        );
+        assert!(b.trace.is_none());
+    }
+    let lengths: Vec<usize> = traced.iter().map(|g| g.tokens.len()).collect();
+    assert!(
+        lengths.iter().any(|&n| n < 12) && lengths.iter().any(|&n| n > 1),
+        "rows should end at different steps: {lengths:?}"
+    );
+    let (dl, dv) = trace_against_scoring(&agent, &prompts, &traced, 0.7);
+    eprintln!("trace vs scoring, T = 0.7: log-probs {dl:e}, values {dv:e}");
+    assert!(dl < 1e-5 && dv < 1e-5, "log-probs {dl}, values {dv}");
+    // The trace is unfiltered (PPO's scoring), the sampler's log-probs are renormalised over
+    // top-k / top-p: they differ.
+    let filtered = traced
+        .iter()
+        .flat_map(|g| g.logprobs.iter().zip(&g.trace.as_ref().unwrap().logprobs))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(filtered > 1e-3, "{filtered}");
+    // Greedy decoding traces at temperature 1, as scoring does.
+    let greedy = generate_traced(
+        &agent,
+        &prompts,
+        &mut Sampler::new(SamplingParams::greedy(), 0),
+        &opts,
+        0.0,
+    )
+    .unwrap();
+    let (dl, dv) = trace_against_scoring(&agent, &prompts, &greedy, 0.0);
+    assert!(
+        dl < 1e-5 && dv < 1e-5,
+        "greedy: log-probs {dl}, values {dv}"
+    );
+    // An agent without a value head cannot trace; a temperature that is not finite is refused.
+    let bare = Agent::new(base.clone());
+    assert!(generate_traced(&bare, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).is_err());
+    assert!(generate_traced(
+        &agent,
+        &prompts,
+        &mut Sampler::new(p, 6),
+        &opts,
+        f64::INFINITY
+    )
+    .is_err());
+}
+
+#[test]
+fn scoring_with_shared_prefixes_equals_scoring_each_sequence() {
+    // A debate's shapes: two agents' turn-1 sequences share the prompt; each agent's turn-2
+    // prompt holds its turn-1 prompt and response; one pair is repeated; one shares nothing.
+    let (vm, _) = random_base(QWEN2, 74);
+    let base = Arc::new(frozen(QWEN2, &vm));
+    let mut agent = Agent::new(base.clone());
+    let lora = Lora::new(&base, lora_cfg(&["q_proj", "up_proj"]), 3).unwrap();
+    randomize_lora(&lora, 8);
+    agent.lora = Some(lora);
+    agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 5).unwrap());
+    let p1: Vec<u32> = (1..20).collect();
+    let cat = |parts: &[&[u32]]| parts.concat();
+    let (ra, rb) = (vec![30, 31, 32, 33], vec![40, 41]);
+    let pairs = vec![
+        (cat(&[&p1, &ra, &[50, 51, 52]]), vec![60, 61, 62]), // agent a, turn 2
+        (p1.clone(), ra.clone()),                            // agent a, turn 1
+        (p1.clone(), rb.clone()),                            // agent b, turn 1
+        (cat(&[&p1, &rb, &[53]]), vec![63, 64, 65, 66, 67]), // agent b, turn 2
+        (p1.clone(), ra.clone()),                            // a repeat
+        (vec![90, 91], vec![92]),                            // nothing shared
+        (cat(&[&p1, &ra]), vec![70]), // a prompt that is another pair's whole sequence
+    ];
+    for t in [0.7, 1.0] {
+        let shared = score_shared_prefixes(&agent, &pairs, 2, t, true).unwrap();
+        let each = score_at_temperature(&agent, &pairs, Pass::Inference, 3, t).unwrap();
+        let lp = each.logprobs.to_vec2::<f32>().unwrap();
+        let values = each.values.unwrap().to_vec2::<f32>().unwrap();
+        let shared_values = shared.values.as_ref().unwrap();
+        let mut worst = 0f32;
+        for (i, (_, r)) in pairs.iter().enumerate() {
+            let skip = lp[i].len() - r.len();
+            assert_eq!(shared.logprobs[i].len(), r.len());
+            for k in 0..r.len() {
+                worst = worst.max((shared.logprobs[i][k] - lp[i][skip + k]).abs());
+                worst = worst.max((shared_values[i][k] - values[i][skip + k]).abs());
+            }
+        }
+        assert!(worst < 1e-4, "T = {t}: differs by up to {worst}");
+        eprintln!("shared prefixes vs one batch, T = {t}: {worst:e}");
+        // Positions: every sequence's, less those taken from the sequence before. Sorted,
+        // the sequences run: p1+ra (computes all 23), the repeat (reuses 18: the position
+        // before a response is always computed), p1+ra+[50..]+r (reuses 23), p1+ra+[70]
+        // (reuses 22), p1+rb (reuses 18), p1+rb+[53]+r (reuses 21), [90..] (reuses none).
+        let total: usize = pairs.iter().map(|(p, r)| p.len() + r.len()).sum();
+        assert_eq!(total, 150);
+        assert_eq!(shared.positions, total);
+        assert_eq!(shared.computed, total - (18 + 23 + 22 + 18 + 21));
+        assert!((shared.hit_rate() - 102.0 / 150.0).abs() < 1e-12);
+    }
+    // Without values the agent needs no head; with them it does.
+    let bare = Agent::new(base.clone());
+    let plain = score_shared_prefixes(&bare, &pairs, 4, 1.0, false).unwrap();
+    assert!(plain.values.is_none());
+    assert!(score_shared_prefixes(&bare, &pairs, 4, 1.0, true).is_err());
+    assert!(score_shared_prefixes(&agent, &[(vec![], vec![1])], 4, 1.0, false).is_err());
+}
+
+#[test]
+fn agents_on_one_base_generate_together_as_they_would_alone() {
+    // Two learners with their own adapters and value heads, and a bare agent, on one base:
+    // one batch, each row with its own adapter and its own agent's sampler.
+    let (vm, _) = random_base(LLAMA, 75);
+    let base = Arc::new(frozen(LLAMA, &vm));
+    let learner = |seed: u64, targets: &[&str]| {
+        let mut a = Agent::new(base.clone());
+        let lora = Lora::new(&base, lora_cfg(targets), seed).unwrap();
+        randomize_lora(&lora, seed + 1);
+        a.lora = Some(lora);
+        a.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, seed + 2).unwrap());
+        a
+    };
+    let agents = [
+        learner(10, &["q_proj", "v_proj", "down_proj"]),
+        Agent::new(base.clone()),
+        learner(20, &["k_proj", "o_proj", "up_proj", "gate_proj"]),
+    ];
+    let prompts: [Vec<Vec<u32>>; 3] = [
+        vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8]],
+        vec![vec![9, 10]],
+        vec![vec![11, 12, 13, 14], vec![15], vec![16, 17]],
+    ];
+    let opts = GenerateOptions {
+        max_new_tokens: 10,
+        stop_tokens: (100..115).collect(),
+        pad_token: 0,
+    };
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 1.0,
+        top_k: 0,
+    };
+    let trace_at = |k: usize| (k != 1).then_some(0.8);
+    let mut samplers: Vec<Sampler> = (0..3).map(|k| Sampler::new(p, 30 + k as u64)).collect();
+    let mut speakers: Vec<Speaker> = samplers
+        .iter_mut()
+        .enumerate()
+        .map(|(k, sampler)| Speaker {
+            agent: &agents[k],
+            prompts: &prompts[k],
+            sampler,
+            trace_at: trace_at(k),
+        })
+        .collect();
+    let together = generate_together(&mut speakers, &opts).unwrap();
+    let mut worst = 0f32;
+    for k in 0..3 {
+        let mut sampler = Sampler::new(p, 30 + k as u64);
+        let alone = match trace_at(k) {
+            Some(t) => generate_traced(&agents[k], &prompts[k], &mut sampler, &opts, t),
+            None => generate(&agents[k], &prompts[k], &mut sampler, &opts),
+        }
+        .unwrap();
+        assert_eq!(together[k].len(), prompts[k].len());
+        for (a, b) in together[k].iter().zip(&alone) {
+            assert_eq!(a.tokens, b.tokens, "agent {k}");
+            assert_eq!(a.stopped, b.stopped);
+            assert_eq!(a.trace.is_some(), trace_at(k).is_some());
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                worst = worst.max((x - y).abs());
+            }
+            if let (Some(x), Some(y)) = (&a.trace, &b.trace) {
+                for (u, v) in x.logprobs.iter().zip(&y.logprobs) {
+                    worst = worst.max((u - v).abs());
+                }
+                for (u, v) in x.values.iter().zip(&y.values) {
+                    worst = worst.max((u - v).abs());
+                }
+            }
+        }
+    }
+    eprintln!("together vs alone: {worst:e}");
+    assert!(worst < 1e-4, "{worst}");
+    // The adapters matter (else the test proves nothing): agent 0 alone differs from bare.
+    let bare = generate(&agents[1], &prompts[0], &mut Sampler::new(p, 30), &opts).unwrap();
+    assert_ne!(
+        bare.iter().map(|g| &g.logprobs).collect::<Vec<_>>(),
+        together[0].iter().map(|g| &g.logprobs).collect::<Vec<_>>()
+    );
+    // A speaker on another base is refused.
+    let (vm2, _) = random_base(LLAMA, 76);
+    let other = Agent::new(Arc::new(frozen(LLAMA, &vm2)));
+    let (mut s0, mut s1) = (Sampler::new(p, 1), Sampler::new(p, 2));
+    let err = generate_together(
+        &mut [
+            Speaker {
+                agent: &agents[0],
+                prompts: &prompts[0],
+                sampler: &mut s0,
+                trace_at: None,
+            },
+            Speaker {
+                agent: &other,
+                prompts: &prompts[1],
+                sampler: &mut s1,
+                trace_at: None,
+            },
+        ],
+        &opts,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("another base"), "{err}");
 }
 
 #[test]

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use maporl::model::{
-    generate, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams, ValueHead,
+    generate, generate_traced, Agent, GenerateOptions, Lora, LoraConfig, Sampler, SamplingParams,
+    ValueHead,
 };
 use maporl::optim::AgentOptimizer;
 use maporl::train::ppo::{ppo_step, Batch, KlController, PpoConfig, Sample};
@@ -107,7 +108,8 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
     let mut curve = vec![start];
     for step in 0..120u64 {
         let prompts: Vec<Vec<u32>> = (0..64).map(|i| prompt(i % 4)).collect();
-        let out = generate(&agent, &prompts, &mut sampler, &opts).unwrap();
+        // The old policy's log-probs and values come from generation, as in `maporl train`.
+        let out = generate_traced(&agent, &prompts, &mut sampler, &opts, 1.0).unwrap();
         let samples: Vec<Sample> = prompts
             .iter()
             .zip(out)
@@ -120,6 +122,7 @@ fn ppo_takes_a_tiny_model_from_chance_to_ninety_percent() {
                 prompt: p.clone(),
                 response: g.tokens,
                 turn: 1,
+                policy: g.trace,
             })
             .collect();
         let stats = ppo_step(
@@ -167,6 +170,7 @@ fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
                 .collect(),
             reward: (i % 3) as f32 - 1.0,
             turn: 1,
+            policy: None,
         })
         .collect();
     let fresh = || {
@@ -230,4 +234,107 @@ fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
     assert!(worst < 1e-5, "parameters differ by up to {worst}");
     // And the update did something (else equality proves nothing).
     assert_ne!(params(&fresh()), whole);
+}
+
+/// The old policy's log-probs and values that generation records give the update that
+/// scoring the responses again gives (`maporl train` no longer scores them twice).
+#[test]
+fn an_update_from_generation_traces_equals_one_that_scores_again() {
+    let base = Arc::new(tiny_llama::<V>());
+    let fresh = || {
+        let mut agent = Agent::new(base.clone());
+        let lora_cfg = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()],
+        };
+        agent.lora = Some(Lora::new(&base, lora_cfg, 1).unwrap());
+        agent.value_head = Some(ValueHead::new(H, DType::F32, &Device::Cpu, 2).unwrap());
+        agent
+    };
+    let params = |agent: &Agent| -> Vec<f32> {
+        agent
+            .named_trainable_vars()
+            .into_iter()
+            .flat_map(|(_, v)| {
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: 5,
+        stop_tokens: vec![3, 7],
+        pad_token: 0,
+    };
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 0,
+    };
+    let prompts: Vec<Vec<u32>> = (0..12).map(|i| prompt(i % 4)).collect();
+    let generated = generate_traced(
+        &fresh(),
+        &prompts,
+        &mut Sampler::new(sampling, 3),
+        &opts,
+        0.8,
+    )
+    .unwrap();
+    let samples = |traced: bool| -> Vec<Sample> {
+        prompts
+            .iter()
+            .zip(&generated)
+            .enumerate()
+            .map(|(i, (p, g))| Sample {
+                prompt: p.clone(),
+                response: g.tokens.clone(),
+                reward: (i % 3) as f32 - 1.0,
+                turn: 1,
+                policy: if traced { g.trace.clone() } else { None },
+            })
+            .collect()
+    };
+    let train = |samples: Vec<Sample>, temperature: f64| {
+        let agent = fresh();
+        let cfg = PpoConfig {
+            lr: 1e-2,
+            minibatches: 2,
+            epochs: 2,
+            ..PpoConfig::default()
+        };
+        let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
+        let mut kl = KlController::Fixed { value: 0.01 };
+        let stats = ppo_step(
+            &agent,
+            &Agent::new(base.clone()),
+            &mut optimizer,
+            Batch {
+                samples: &samples,
+                temperature,
+            },
+            &mut kl,
+            &cfg,
+            5,
+        )
+        .unwrap();
+        (params(&agent), stats)
+    };
+    let (traced, traced_stats) = train(samples(true), 0.8);
+    let (scored, scored_stats) = train(samples(false), 0.8);
+    let worst = traced
+        .iter()
+        .zip(&scored)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "parameters differ by up to {worst}");
+    assert!((traced_stats.kl - scored_stats.kl).abs() < 1e-4);
+    assert_ne!(params(&fresh()), traced, "the update did something");
+    // A trace taken at another temperature is not used: the update scores again.
+    let (other, _) = train(samples(true), 1.0);
+    let (rescored, _) = train(samples(false), 1.0);
+    assert_eq!(other, rescored);
 }

@@ -463,7 +463,7 @@ fn reference_plugins_use_under_one_percent_of_the_fuel_budget() {
         fn respond(
             &mut self,
             turn: u32,
-            requests: &[(u32, &[maporl::transcript::ChatMessage])],
+            requests: &[debate::Request<'_>],
         ) -> anyhow::Result<Vec<debate::Response>> {
             let padding = "Let me reason step by step about the quantities involved. ".repeat(16);
             let mut out = self.0.respond(turn, requests)?;

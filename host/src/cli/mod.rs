@@ -1,6 +1,7 @@
 //! The `maporl` command line.
 
 mod bundle;
+mod compare;
 mod demo;
 mod interrupt;
 mod logging;
@@ -58,6 +59,10 @@ enum Command {
     /// The paper's game-theoretic toy model: the collaboration rate of a single learner
     /// against a fixed partner and of two joint learners, over training; table + SVG plot.
     Toy(toy::ToyArgs),
+    /// Two evaluations of the same tasks, paired task by task: per turn, the difference in
+    /// accuracy with a bootstrap 95% confidence interval (a run directory: its held-out
+    /// evaluations before and after training).
+    Compare(compare::CompareArgs),
     /// An HTML page for a run directory: plots of accuracy per turn, transitions, reward
     /// parts and KL, and a browser for its debate transcripts.
     Report(report::ReportArgs),
@@ -96,6 +101,7 @@ pub fn main() -> i32 {
         Command::Demo(args) => demo::run(args),
         Command::Toy(args) => toy::run(args),
         Command::Report(args) => report::run(args),
+        Command::Compare(args) => compare::run(args),
         Command::WarmStart(args) => warm_start::run(args),
         Command::Serve(args) => serve::run(args),
     };

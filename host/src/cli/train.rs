@@ -51,6 +51,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
                 for (name, report) in ["before", "after"].iter().zip(reports) {
                     println!("held-out tasks, {name} training:\n{}", report.table());
                 }
+                if let Some(table) = metrics.parent().and_then(super::compare::held_out_table) {
+                    println!("held-out tasks, after against before training, {table}");
+                }
             }
             let done = if sft {
                 "SFT done".to_string()

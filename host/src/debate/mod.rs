@@ -38,17 +38,25 @@ pub struct Response {
 pub struct TokenIds {
     pub prompt: Vec<u32>,
     pub response: Vec<u32>,
+    /// The generating policy's log-probs and values of `response`, recorded while it was
+    /// generated, when the agent that spoke is a learner (has a value head) and spoke with
+    /// its adapter; PPO then need not score the response again.
+    pub policy: Option<crate::model::PolicyTrace>,
+}
+
+/// What the team is asked for one utterance: agent `agent` answers the conversation
+/// `messages` in the debate about task `task` (its id).
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub task: &'a str,
+    pub agent: u32,
+    pub messages: &'a [ChatMessage],
 }
 
 /// Whoever produces the agents' responses: LLM agents, or a scripted stand-in.
 pub trait Team {
-    /// One response per request, in order, for debate turn `turn` (1-based). Each request is
-    /// an agent index and the conversation that agent sees.
-    fn respond(
-        &mut self,
-        turn: u32,
-        requests: &[(u32, &[ChatMessage])],
-    ) -> anyhow::Result<Vec<Response>>;
+    /// One response per request, in order, for debate turn `turn` (1-based).
+    fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>>;
 
     /// Refuses, saying why, a conversation that agent `agent` cannot answer (its prompt and
     /// the longest response it may give do not fit its model's context). Asked of every
@@ -186,9 +194,16 @@ pub fn run(
             break;
         }
         // One batch of responses for the whole turn.
-        let requests: Vec<(u32, &[ChatMessage])> = plans
+        let requests: Vec<Request<'_>> = plans
             .iter()
-            .flat_map(|(_, plan)| plan.iter().map(|p| (p.agent, p.messages.as_slice())))
+            .flat_map(|(i, plan)| {
+                let task = debates[*i].task.id.as_str();
+                plan.iter().map(move |p| Request {
+                    task,
+                    agent: p.agent,
+                    messages: p.messages.as_slice(),
+                })
+            })
             .collect();
         let started = Instant::now();
         let responses = team.respond(turn, &requests)?;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Response, Team};
+use super::{Request, Response, Team};
 use crate::transcript::{ChatMessage, Role, Task};
 
 /// Scripted agents that know each task's reference answer and get it right with a
@@ -99,24 +99,24 @@ pub fn worked_answer(question: &str, answer: i64) -> String {
 }
 
 impl Team for ScriptedTeam {
-    fn respond(
-        &mut self,
-        _turn: u32,
-        requests: &[(u32, &[ChatMessage])],
-    ) -> anyhow::Result<Vec<Response>> {
+    fn respond(&mut self, _turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         // Token counts are word counts: there is no tokenizer here.
         let words = |s: &str| s.split_whitespace().count();
         Ok(requests
             .iter()
-            .map(|(agent, messages)| {
-                let text = self.respond_one(*agent, messages);
-                Response {
-                    prompt_tokens: messages.iter().map(|m| words(&m.content)).sum(),
-                    response_tokens: words(&text),
-                    text,
-                    ids: Default::default(),
-                }
-            })
+            .map(
+                |&Request {
+                     agent, messages, ..
+                 }| {
+                    let text = self.respond_one(agent, messages);
+                    Response {
+                        prompt_tokens: messages.iter().map(|m| words(&m.content)).sum(),
+                        response_tokens: words(&text),
+                        text,
+                        ids: Default::default(),
+                    }
+                },
+            )
             .collect())
     }
 }
@@ -215,7 +215,12 @@ mod tests {
             content: "Question: What is 2 + 3?".into(),
         }];
         let mut team = ScriptedTeam::new(std::slice::from_ref(&task), vec![1.0, 0.0], 0.5, 7);
-        let out = team.respond(1, &[(0, &msgs), (1, &msgs)]).unwrap();
+        let ask = |agent| Request {
+            task: "t",
+            agent,
+            messages: &msgs,
+        };
+        let out = team.respond(1, &[ask(0), ask(1)]).unwrap();
         assert_eq!(last_boxed_integer(&out[0].text), Some(5));
         assert_ne!(last_boxed_integer(&out[1].text), Some(5));
         assert_eq!(
@@ -223,6 +228,6 @@ mod tests {
             "words of \"Question: What is 2 + 3?\""
         );
         let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
-        assert_eq!(again.respond(1, &[(0, &msgs), (1, &msgs)]).unwrap(), out);
+        assert_eq!(again.respond(1, &[ask(0), ask(1)]).unwrap(), out);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 
-use super::{Response, Team, TokenIds};
+use super::{Request, Response, Team, TokenIds};
 use crate::model::{self, Agent, ChatTemplate, GenerateOptions, Sampler, SamplingParams};
 use crate::transcript::ChatMessage;
 
@@ -36,6 +36,8 @@ pub struct ModelTeam {
     adapters_from_turn: u32,
     max_new_tokens: usize,
     batch_size: usize,
+    /// Paired draws' seed ([`ModelTeam::pair_draws`]).
+    paired: Option<u64>,
 }
 
 /// Sampling and batching of a [`ModelTeam`].
@@ -93,6 +95,7 @@ impl ModelTeam {
             members,
             samplers,
             adapters_from_turn: 1,
+            paired: None,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
         })
@@ -162,54 +165,160 @@ impl ModelTeam {
         self.members.is_empty()
     }
 
-    fn respond_as(
+    /// Responses of agents on one base, generated together in batches of up to
+    /// `batch_size` rows (each agent's rows with its own adapter and value head): `asks`
+    /// holds each agent's requests, in agent order. Before `adapters_from_turn` (`adapted`
+    /// false) the agents speak as the bare base. Each agent draws from its sampler in
+    /// `samplers`, or, with paired draws, each request from a stream of its own.
+    fn respond_together(
         &self,
-        sampler: &mut Sampler,
-        agent: usize,
+        samplers: &mut [Sampler],
+        turn: u32,
         adapted: bool,
-        conversations: &[&[ChatMessage]],
-    ) -> anyhow::Result<Vec<Response>> {
-        let prompts = conversations
+        asks: &[(usize, Vec<Request<'_>>)],
+    ) -> anyhow::Result<Vec<Vec<Response>>> {
+        let prompts: Vec<Vec<Vec<u32>>> = asks
             .iter()
-            .map(|messages| self.prompt_ids(agent, messages))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let member = &self.members[agent];
-        let bare;
-        let speaker = if adapted {
-            &member.agent
-        } else {
-            bare = Agent::new(member.agent.base.clone());
-            &bare
-        };
-        let voice = member.voice.clone();
+            .map(|(agent, requests)| {
+                requests
+                    .iter()
+                    .map(|r| self.prompt_ids(*agent, r.messages))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let bare: Vec<Agent> = asks
+            .iter()
+            .map(|&(a, _)| Agent::new(self.members[a].agent.base.clone()))
+            .collect();
+        let speaking: Vec<&Agent> = (0..asks.len())
+            .map(|k| {
+                if adapted {
+                    &self.members[asks[k].0].agent
+                } else {
+                    &bare[k]
+                }
+            })
+            .collect();
+        // All agents on one base read with one tokenizer and stop at the same tokens.
+        let voice = self.members[asks[0].0].voice.clone();
         let opts = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             stop_tokens: voice.stop_tokens.clone(),
             pad_token: voice.pad_token,
         };
-        let mut out = Vec::with_capacity(prompts.len());
-        for chunk in prompts.chunks(self.batch_size) {
-            for (prompt, g) in chunk
+        // The rows, agent by agent, cut into batches.
+        let rows: Vec<(usize, usize)> = prompts
+            .iter()
+            .enumerate()
+            .flat_map(|(k, p)| (0..p.len()).map(move |i| (k, i)))
+            .collect();
+        // Paired draws: the stream of a request is fixed by what it is, not by its place.
+        let mut occurrence: HashMap<(&str, u32), u64> = HashMap::new();
+        let streams: Vec<Option<u64>> = rows
+            .iter()
+            .map(|&(k, i)| {
+                let r = &asks[k].1[i];
+                self.paired.map(|seed| {
+                    let n = occurrence.entry((r.task, r.agent)).or_default();
+                    *n += 1;
+                    stream_seed(seed, r.task, r.agent, turn, *n - 1)
+                })
+            })
+            .collect();
+        let mut out: Vec<Vec<Response>> = prompts.iter().map(|_| Vec::new()).collect();
+        let batch_rows = self.batch_size.max(1);
+        for (b, batch) in rows.chunks(batch_rows).enumerate() {
+            // Who draws for which rows: (k, first prompt, prompts), each agent's contiguous
+            // share of the batch, or each row alone with paired draws.
+            let mut units: Vec<(usize, usize, usize)> = Vec::new();
+            for &(k, i) in batch {
+                match units.last_mut() {
+                    Some((last, _, n)) if *last == k && self.paired.is_none() => *n += 1,
+                    _ => units.push((k, i, 1)),
+                }
+            }
+            let mut own: Vec<Sampler> = streams[b * batch_rows..b * batch_rows + batch.len()]
                 .iter()
-                .zip(model::generate(speaker, chunk, sampler, &opts)?)
-            {
-                let text = voice
-                    .tokenizer
-                    .decode(&g.tokens, true)
-                    .map_err(|e| anyhow::anyhow!("decoding agent {agent}'s response: {e}"))?;
-                out.push(Response {
-                    text: text.trim().to_string(),
-                    prompt_tokens: prompt.len(),
-                    response_tokens: g.tokens.len(),
-                    ids: TokenIds {
-                        prompt: prompt.clone(),
-                        response: g.tokens,
-                    },
+                .zip(batch)
+                .filter_map(|(stream, &(k, _))| {
+                    stream.map(|s| Sampler::new(self.members[asks[k].0].sampling, s))
+                })
+                .collect();
+            let mut own = own.iter_mut();
+            let mut free: Vec<Option<&mut Sampler>> = samplers.iter_mut().map(Some).collect();
+            let mut speakers = Vec::with_capacity(units.len());
+            for &(k, first, n) in &units {
+                let agent = speaking[k];
+                let sampler = match self.paired {
+                    Some(_) => own.next().expect("one stream per row"),
+                    None => free[asks[k].0]
+                        .take()
+                        .expect("one share per agent in a batch"),
+                };
+                // A learner speaking with its adapter records what PPO needs of its tokens
+                // as it generates them, at the temperature it samples (and PPO scores) at.
+                let traced = adapted && agent.value_head.is_some();
+                speakers.push(model::Speaker {
+                    agent,
+                    prompts: &prompts[k][first..first + n],
+                    trace_at: traced.then(|| sampler.params().temperature),
+                    sampler,
                 });
+            }
+            let generations = model::generate_together(&mut speakers, &opts)?;
+            for (&(k, first, _), gens) in units.iter().zip(generations) {
+                let agent = asks[k].0;
+                for (prompt, g) in prompts[k][first..].iter().zip(gens) {
+                    let text = voice
+                        .tokenizer
+                        .decode(&g.tokens, true)
+                        .map_err(|e| anyhow::anyhow!("decoding agent {agent}'s response: {e}"))?;
+                    out[k].push(Response {
+                        text: text.trim().to_string(),
+                        prompt_tokens: prompt.len(),
+                        response_tokens: g.tokens.len(),
+                        ids: TokenIds {
+                            prompt: prompt.clone(),
+                            response: g.tokens,
+                            policy: g.trace,
+                        },
+                    });
+                }
             }
         }
         Ok(out)
     }
+
+    /// Paired draws (`Some(seed)`): from now on every response draws from a random stream
+    /// of its own, seeded by `seed`, its task, its agent, its turn (and its place among
+    /// identical requests), whatever else is generated with it and whatever was generated
+    /// before. Two evaluations of a task (before and after training, or two runs' rows at
+    /// the same seed) then share their sampling noise and differ only by the weights.
+    /// `None` (the default, for training): each agent draws from its own one stream.
+    pub fn pair_draws(&mut self, seed: Option<u64>) {
+        self.paired = seed;
+    }
+}
+
+/// The seed of one request's stream under paired draws (FNV-1a over the request's identity,
+/// then SplitMix64's finaliser).
+fn stream_seed(seed: u64, task: &str, agent: u32, turn: u32, occurrence: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = seed
+        .to_le_bytes()
+        .into_iter()
+        .chain(task.bytes())
+        .chain([0xff])
+        .chain(agent.to_le_bytes())
+        .chain(turn.to_le_bytes())
+        .chain(occurrence.to_le_bytes());
+    for b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl ModelTeam {
@@ -257,50 +366,45 @@ impl ModelTeam {
         &self,
         samplers: &mut [Sampler],
         turn: u32,
-        requests: &[(u32, &[ChatMessage])],
+        requests: &[Request<'_>],
     ) -> anyhow::Result<Vec<Response>> {
         let adapted = turn >= self.adapters_from_turn;
-        let bare = |m: &Member| !adapted || m.agent.lora.is_none();
-        // Requests go to the member that generates for them: agents on the same base without
-        // an adapter of their own are the same model, so their prompts form one batch.
-        let generator: Vec<usize> = (0..self.members.len())
-            .map(|a| {
-                let m = &self.members[a];
-                if !bare(m) {
-                    return a;
-                }
-                (0..a)
-                    .find(|&b| {
-                        let o = &self.members[b];
-                        bare(o) && Arc::ptr_eq(&o.agent.base, &m.agent.base)
-                    })
-                    .unwrap_or(a)
-            })
-            .collect();
         let mut by_agent: Vec<Vec<usize>> = vec![Vec::new(); self.members.len()];
-        for (i, (agent, _)) in requests.iter().enumerate() {
-            match generator.get(*agent as usize) {
-                Some(&g) => by_agent[g].push(i),
+        for (i, r) in requests.iter().enumerate() {
+            match by_agent.get_mut(r.agent as usize) {
+                Some(asked) => asked.push(i),
                 None => bail!(
-                    "a request for agent {agent}, but the team has {} agents",
+                    "a request for agent {}, but the team has {} agents",
+                    r.agent,
                     self.members.len()
                 ),
             }
         }
         let mut out: Vec<Option<Response>> = vec![None; requests.len()];
-        for (agent, indices) in by_agent.iter().enumerate() {
-            if indices.is_empty() {
+        // Generators on one base (adapters or not) generate together, one batch for all.
+        let mut done = vec![false; self.members.len()];
+        for first in 0..self.members.len() {
+            if done[first] || by_agent[first].is_empty() {
                 continue;
             }
-            let conversations: Vec<&[ChatMessage]> =
-                indices.iter().map(|&i| requests[i].1).collect();
-            for (&i, r) in indices.iter().zip(self.respond_as(
-                &mut samplers[agent],
-                agent,
-                adapted,
-                &conversations,
-            )?) {
-                out[i] = Some(r);
+            let base = &self.members[first].agent.base;
+            let group: Vec<usize> = (first..self.members.len())
+                .filter(|&a| {
+                    !by_agent[a].is_empty()
+                        && !done[a]
+                        && Arc::ptr_eq(&self.members[a].agent.base, base)
+                })
+                .collect();
+            group.iter().for_each(|&a| done[a] = true);
+            let asks: Vec<(usize, Vec<Request<'_>>)> = group
+                .iter()
+                .map(|&a| (a, by_agent[a].iter().map(|&i| requests[i]).collect()))
+                .collect();
+            let answers = self.respond_together(samplers, turn, adapted, &asks)?;
+            for (&a, responses) in group.iter().zip(answers) {
+                for (&i, r) in by_agent[a].iter().zip(responses) {
+                    out[i] = Some(r);
+                }
             }
         }
         Ok(out
@@ -540,11 +644,7 @@ impl Team for ModelTeam {
         ModelTeam::admit(self, agent, messages)
     }
 
-    fn respond(
-        &mut self,
-        turn: u32,
-        requests: &[(u32, &[ChatMessage])],
-    ) -> anyhow::Result<Vec<Response>> {
+    fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         let mut samplers = std::mem::take(&mut self.samplers);
         let out = self.respond_with(&mut samplers, turn, requests);
         self.samplers = samplers;
@@ -563,11 +663,7 @@ impl Team for Seated<'_> {
         self.team.admit(agent, messages)
     }
 
-    fn respond(
-        &mut self,
-        turn: u32,
-        requests: &[(u32, &[ChatMessage])],
-    ) -> anyhow::Result<Vec<Response>> {
+    fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         self.team.respond_with(&mut self.samplers, turn, requests)
     }
 }

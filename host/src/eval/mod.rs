@@ -6,6 +6,10 @@
 //! the turns it did not play: the team's answer stands. An agent that has not spoken yet
 //! (round-robin) is left out of that turn's per-agent numbers.
 
+mod paired;
+
+pub use paired::{paired, read_debates, Paired, PairedTurn};
+
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +38,27 @@ impl Transitions {
     }
 }
 
+/// How often something happened when it could: `moved` of `of`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rate {
+    pub moved: usize,
+    pub of: usize,
+}
+
+impl Rate {
+    /// `moved / of`, or None when it could not happen.
+    pub fn value(&self) -> Option<f64> {
+        (self.of > 0).then(|| self.moved as f64 / self.of as f64)
+    }
+
+    fn cell(&self) -> String {
+        match self.value() {
+            Some(v) => format!("{v:.3} ({}/{})", self.moved, self.of),
+            None => "-".into(),
+        }
+    }
+}
+
 /// The metrics of one turn.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TurnMetrics {
@@ -49,6 +74,14 @@ pub struct TurnMetrics {
     pub mean_response_chars: f64,
     /// Moves from the previous turn, summed over agents (absent for turn 1).
     pub transitions: Option<Transitions>,
+    /// Agents wrong at the previous turn while a peer was right, and how many of them are
+    /// right now: P(wrong→right | wrong, a peer right), collaboration's gain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrected_by_peers: Option<Rate>,
+    /// Agents right at the previous turn while a peer was wrong, and how many of them are
+    /// wrong now: P(right→wrong | right, a peer wrong), collaboration's cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misled_by_peers: Option<Rate>,
 }
 
 /// Everything `maporl eval` reports.
@@ -84,6 +117,7 @@ pub fn evaluate(all: &[Debate]) -> Report {
         let mut spoke = vec![0usize; agents as usize];
         let (mut said, mut invalid, mut chars) = (0usize, 0usize, 0usize);
         let mut transitions = Transitions::default();
+        let (mut corrected, mut misled) = (Rate::default(), Rate::default());
         for d in &debates {
             majority += credit(d, turn);
             for u in d.transcript.utterances.iter().filter(|u| u.turn == turn) {
@@ -102,6 +136,19 @@ pub fn evaluate(all: &[Debate]) -> Report {
                         (latest(&d.transcript.utterances, agent, turn - 1), now)
                     {
                         transitions.add(before.correct, now.correct);
+                        let peers: Vec<bool> = (0..d.transcript.agents)
+                            .filter(|&p| p != agent)
+                            .filter_map(|p| latest(&d.transcript.utterances, p, turn - 1))
+                            .map(|u| u.correct)
+                            .collect();
+                        if !before.correct && peers.iter().any(|&c| c) {
+                            corrected.of += 1;
+                            corrected.moved += usize::from(now.correct);
+                        }
+                        if before.correct && peers.iter().any(|&c| !c) {
+                            misled.of += 1;
+                            misled.moved += usize::from(!now.correct);
+                        }
                     }
                 }
             }
@@ -125,6 +172,8 @@ pub fn evaluate(all: &[Debate]) -> Report {
                 chars as f64 / said as f64
             },
             transitions: (turn > 1).then_some(transitions),
+            corrected_by_peers: (turn > 1).then_some(corrected),
+            misled_by_peers: (turn > 1).then_some(misled),
         });
     }
     Report {
@@ -221,6 +270,12 @@ impl Report {
                 None => "-".into(),
             },
         );
+        row(&mut s, "P(W→R \\| wrong, a peer right)", &|t| {
+            t.corrected_by_peers.map_or("-".into(), |r| r.cell())
+        });
+        row(&mut s, "P(R→W \\| right, a peer wrong)", &|t| {
+            t.misled_by_peers.map_or("-".into(), |r| r.cell())
+        });
         s
     }
 }
@@ -331,6 +386,35 @@ mod tests {
     }
 
     #[test]
+    fn conditional_rates_count_any_peer_of_the_other_kind() {
+        // Three agents at turn 1: right, wrong, wrong. Agent 0 has wrong peers (misled if
+        // it turns wrong); agents 1 and 2 each have a right peer (corrected if they turn
+        // right), although each also has a wrong one.
+        let mut d = debate(
+            "5",
+            vec![
+                u(1, 0, Some("5"), "5"),
+                u(1, 1, Some("4"), "5"),
+                u(1, 2, Some("3"), "5"),
+                u(2, 0, Some("4"), "5"),
+                u(2, 1, Some("5"), "5"),
+                u(2, 2, Some("3"), "5"),
+            ],
+            vec![vec!["5"], vec!["4"]],
+        );
+        d.transcript.agents = 3;
+        d.transcript.turns = 2;
+        let r = evaluate(&[d]);
+        assert_eq!(
+            r.turns[1].corrected_by_peers,
+            Some(Rate { moved: 1, of: 2 })
+        );
+        assert_eq!(r.turns[1].misled_by_peers, Some(Rate { moved: 1, of: 1 }));
+        assert_eq!(r.turns[1].misled_by_peers.unwrap().value(), Some(1.0));
+        assert_eq!(Rate::default().value(), None);
+    }
+
+    #[test]
     fn majority_ties_transitions_and_early_stop() {
         // Task 1: a tie holding the gold answer at turn 1, then both right; stops after turn 2.
         let d1 = debate(
@@ -387,7 +471,26 @@ mod tests {
             })
         );
         assert_eq!(r.turns[2].mean_response_chars, 30.0);
+        // Conditional rates, turn 1 -> 2: wrong beside a right peer, d1 agent1 (corrected)
+        // and d2 agent1 (not); right beside a wrong (or invalid) peer, d1 agent0 (held) and
+        // d2 agent0 (misled). Turn 2 -> 3: no agent has a peer of the other kind.
+        assert_eq!(r.turns[0].corrected_by_peers, None);
+        assert_eq!(
+            (r.turns[1].corrected_by_peers, r.turns[1].misled_by_peers),
+            (
+                Some(Rate { moved: 1, of: 2 }),
+                Some(Rate { moved: 1, of: 2 })
+            )
+        );
+        assert_eq!(
+            (r.turns[2].corrected_by_peers, r.turns[2].misled_by_peers),
+            (Some(Rate::default()), Some(Rate::default()))
+        );
         let table = r.table();
+        assert!(
+            table.contains("| P(W→R \\| wrong, a peer right) | - | 0.500 (1/2) | - |"),
+            "{table}"
+        );
         assert!(
             table.contains("| majority accuracy | 0.750 | 0.500 | 0.750 |"),
             "{table}"

@@ -251,6 +251,31 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Forgets every position from `len` on, keeping the first `len` (a shared prefix) for
+    /// the next forward to continue from. Positions beyond `len()` are refused.
+    pub(crate) fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            anyhow::bail!("KV cache: cannot keep {len} positions of {}", self.len);
+        }
+        self.len = len;
+        if len == 0 {
+            // Nothing kept: the next forward may have another batch size.
+            self.kvs.iter_mut().for_each(|slot| *slot = None);
+        }
+        Ok(())
+    }
+
+    /// Keeps only the batch rows `rows` (a u32 index vector), in that order: the rows of a
+    /// batched generation that are still generating.
+    pub(crate) fn retain_rows(&mut self, rows: &Tensor) -> Result<()> {
+        for slot in self.kvs.iter_mut() {
+            if let Some((k, v)) = slot.take() {
+                *slot = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Appends `k` and `v` (batch, kv heads, t, head dim) to one layer's buffers after the `len`

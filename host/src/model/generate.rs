@@ -1,9 +1,11 @@
 //! Seeded sampling, batched generation with a KV cache, and log-probs / values on response
 //! positions.
 
+use std::sync::Arc;
+
 use super::agent::Agent;
-use super::decoder::KvCache;
-use super::decoder::Pass;
+use super::decoder::{Adapter, KvCache, Pass, Target};
+use super::lora::Lora;
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor, D};
 use rand::{Rng, SeedableRng};
@@ -201,6 +203,24 @@ pub struct Generation {
     pub logprobs: Vec<f32>,
     /// True when a stop token ended it (the stop token is the last token).
     pub stopped: bool,
+    /// What PPO needs of the generating policy, when [`generate_traced`] was asked for it.
+    pub trace: Option<PolicyTrace>,
+}
+
+/// The generating policy's view of its own tokens, taken while it generated them: what a
+/// separate [`score_at_temperature`] pass over the prompt and response would compute for
+/// the old policy (the same weights; the same positions up to the batch's padding), so PPO
+/// need not score the responses again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyTrace {
+    /// The sampling temperature the log-probs were taken at ([`score_at_temperature`]'s
+    /// rule: 0 or below scores at 1).
+    pub temperature: f64,
+    /// Per token: its log-prob under the tempered, unfiltered distribution (top-k / top-p
+    /// do not apply, as in PPO's scoring).
+    pub logprobs: Vec<f32>,
+    /// Per token: the agent's value head at the position that predicted the token.
+    pub values: Vec<f32>,
 }
 
 /// Left pads `seqs` to one length; returns the (batch, len) ids and each row's pad count.
@@ -230,6 +250,24 @@ pub fn generate(
     generate_observed(agent, prompts, sampler, opts, &mut |_, _| true)
 }
 
+/// [`generate`], also recording each token's [`PolicyTrace`] at `temperature` (the
+/// temperature PPO will score at) with the agent's value head, which it must have.
+pub fn generate_traced(
+    agent: &Agent,
+    prompts: &[Vec<u32>],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    temperature: f64,
+) -> Result<Vec<Generation>> {
+    let mut speakers = [Speaker {
+        agent,
+        prompts,
+        sampler,
+        trace_at: Some(temperature),
+    }];
+    Ok(generate_together(&mut speakers, opts)?.remove(0))
+}
+
 /// [`generate`], telling `observe` of each token as it is sampled (row, token); a row ends
 /// (as if it had met a stop token, `stopped` false) when `observe` returns false for it. The
 /// observer sees exactly what [`generate`] would produce up to that point: streaming,
@@ -241,56 +279,269 @@ pub fn generate_observed(
     opts: &GenerateOptions,
     observe: &mut dyn FnMut(usize, u32) -> bool,
 ) -> Result<Vec<Generation>> {
-    if prompts.is_empty() {
+    let mut speakers = [Speaker {
+        agent,
+        prompts,
+        sampler,
+        trace_at: None,
+    }];
+    Ok(decode(&mut speakers, opts, observe)?.remove(0))
+}
+
+/// One agent's share of a batch that several agents on one base generate together: its
+/// prompts, its sampler (drawn from for its rows only, in row order, as if it generated
+/// alone) and, for a learner, the temperature to record its [`PolicyTrace`] at.
+pub struct Speaker<'a> {
+    pub agent: &'a Agent,
+    pub prompts: &'a [Vec<u32>],
+    pub sampler: &'a mut Sampler,
+    pub trace_at: Option<f64>,
+}
+
+/// Agents on one base, each with its own adapter (or none), generate in one batch: the
+/// base's weights are read once per step for every agent's rows, and each row's adapter
+/// applies to its own rows only (the batched multi-LoRA of S-LoRA / Punica: the rows are
+/// grouped by agent, and each group's LoRA delta is computed on its rows). Returns each
+/// speaker's generations. The agents must share one base (the same `Arc`).
+pub fn generate_together(
+    speakers: &mut [Speaker<'_>],
+    opts: &GenerateOptions,
+) -> Result<Vec<Vec<Generation>>> {
+    decode(speakers, opts, &mut |_, _| true)
+}
+
+/// The rows of a batch grouped by agent: `(first row, rows, adapter)` in row order.
+struct RowAdapters<'a> {
+    groups: Vec<(usize, usize, Option<&'a Lora>)>,
+}
+
+impl Adapter for RowAdapters<'_> {
+    fn delta(&self, layer: usize, target: Target, x: &Tensor) -> Result<Option<Tensor>> {
+        if let [(_, _, lora)] = self.groups[..] {
+            return match lora {
+                Some(l) => l.delta(layer, target, x),
+                None => Ok(None),
+            };
+        }
+        let mut parts: Vec<Option<Tensor>> = Vec::with_capacity(self.groups.len());
+        for &(start, rows, lora) in &self.groups {
+            parts.push(match lora {
+                Some(l) => l.delta(layer, target, &x.narrow(0, start, rows)?)?,
+                None => None,
+            });
+        }
+        let Some(like) = parts.iter().flatten().next() else {
+            return Ok(None);
+        };
+        let mut shape = like.dims().to_vec();
+        let mut whole = Vec::with_capacity(parts.len());
+        for (part, &(_, rows, _)) in parts.iter().zip(&self.groups) {
+            whole.push(match part {
+                Some(t) => t.clone(),
+                None => {
+                    shape[0] = rows;
+                    Tensor::zeros(shape.as_slice(), like.dtype(), like.device())?
+                }
+            });
+        }
+        Ok(Some(Tensor::cat(&whole, 0)?))
+    }
+}
+
+/// The decoding loop behind every `generate`. Rows that have finished leave the batch (and
+/// the KV cache) at once, so the steps after them cost only the rows still generating;
+/// each speaker's sampler draws for its live rows in row order, as it would with the
+/// finished rows kept and the other speakers absent.
+fn decode(
+    speakers: &mut [Speaker<'_>],
+    opts: &GenerateOptions,
+    observe: &mut dyn FnMut(usize, u32) -> bool,
+) -> Result<Vec<Vec<Generation>>> {
+    let Some(first) = speakers.first() else {
         return Ok(vec![]);
+    };
+    let base = first.agent.base.clone();
+    for (i, s) in speakers.iter().enumerate() {
+        if !Arc::ptr_eq(&s.agent.base, &base) {
+            bail!("generate: speaker {i} is on another base than speaker 0");
+        }
+        if s.prompts.iter().any(Vec::is_empty) {
+            bail!("generate: empty prompt");
+        }
+        if let Some(t) = s.trace_at {
+            if !t.is_finite() {
+                bail!("generate: temperature {t} is not finite");
+            }
+            if s.agent.value_head.is_none() {
+                bail!("generate: a trace needs a value head, and speaker {i} has none");
+            }
+        }
     }
-    if prompts.iter().any(Vec::is_empty) {
-        bail!("generate: empty prompt");
-    }
-    let base = &agent.base;
-    let (ids, pads) = left_pad(prompts, opts.pad_token, base.device())?;
-    let mut cache = KvCache::new(base.config().num_hidden_layers);
-    let mut out: Vec<Generation> = prompts
+    // Every row: its speaker and its index among that speaker's prompts.
+    let rows: Vec<(usize, usize)> = speakers
         .iter()
-        .map(|_| Generation {
-            tokens: vec![],
-            logprobs: vec![],
-            stopped: false,
+        .enumerate()
+        .flat_map(|(k, s)| (0..s.prompts.len()).map(move |i| (k, i)))
+        .collect();
+    let mut out: Vec<Vec<Generation>> = speakers
+        .iter()
+        .map(|s| {
+            s.prompts
+                .iter()
+                .map(|_| Generation {
+                    tokens: vec![],
+                    logprobs: vec![],
+                    stopped: false,
+                    trace: s.trace_at.map(|temperature| PolicyTrace {
+                        temperature,
+                        logprobs: vec![],
+                        values: vec![],
+                    }),
+                })
+                .collect()
         })
         .collect();
+    if rows.is_empty() {
+        return Ok(out);
+    }
+    let dev = base.device();
+    let prompts: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|&(k, i)| speakers[k].prompts[i].clone())
+        .collect();
+    let (ids, mut pads) = left_pad(&prompts, opts.pad_token, dev)?;
+    let mut cache = KvCache::new(base.config().num_hidden_layers);
+    // `live[j]`: the row (index into `rows`) at batch position j; grouped by speaker, since
+    // rows only ever leave.
+    let mut live: Vec<usize> = (0..rows.len()).collect();
     let mut input = ids;
-    // Rows the observer ended: no more tokens, though not stopped by a stop token.
-    let mut cut = vec![false; out.len()];
     for _ in 0..opts.max_new_tokens {
-        let active: Vec<bool> = out
-            .iter()
-            .zip(&cut)
-            .map(|(g, c)| !g.stopped && !c)
-            .collect();
-        if !active.iter().any(|&a| a) {
-            break;
+        let groups = speaker_groups(&live, &rows);
+        // Neighbouring speakers with the same adapter (or none) share one LoRA pass.
+        let mut adapters = RowAdapters { groups: Vec::new() };
+        for &(k, start, n) in &groups {
+            let lora = speakers[k].agent.lora.as_ref();
+            match adapters.groups.last_mut() {
+                Some((_, rows, last)) if same_adapter(*last, lora) => *rows += n,
+                _ => adapters.groups.push((start, n, lora)),
+            }
         }
-        let hidden = agent.forward(&input, &pads, Some(&mut cache), Pass::Inference)?;
+        let hidden = base.forward(
+            &input,
+            &pads,
+            Some(&mut cache),
+            Some(&adapters as &dyn Adapter),
+            Pass::Inference,
+        )?;
         let t = hidden.dim(1)?;
         let last = hidden.i((.., t - 1, ..))?.contiguous()?;
         let logits = base.logits(&last)?;
-        let picks = sampler.sample_masked(&logits, &active)?;
-        let mut next = Vec::with_capacity(out.len());
-        for (row, (g, pick)) in out.iter_mut().zip(picks).enumerate() {
-            match pick {
-                Some((tok, lp)) => {
-                    g.tokens.push(tok);
-                    g.logprobs.push(lp);
-                    g.stopped = opts.stop_tokens.contains(&tok);
-                    cut[row] = !observe(row, tok);
+        let mut keep = Vec::with_capacity(live.len());
+        let mut next = Vec::with_capacity(live.len());
+        for &(k, start, n) in &groups {
+            let speaker = &mut speakers[k];
+            let group_logits = logits.narrow(0, start, n)?;
+            let picks = speaker.sampler.sample(&group_logits)?;
+            let traced = match speaker.trace_at {
+                Some(temperature) => {
+                    let tokens = picks.iter().map(|&(tok, _)| tok).collect();
+                    let (lp, _) =
+                        tempered_logprobs(speaker.agent, &group_logits, tokens, temperature)?;
+                    let vh = speaker.agent.value_head.as_ref().expect("checked above");
+                    let values = vh.forward(&last.narrow(0, start, n)?)?;
+                    Some((lp.to_vec1::<f32>()?, values.to_vec1::<f32>()?))
+                }
+                None => None,
+            };
+            for (j, &(tok, lp)) in picks.iter().enumerate() {
+                let row = live[start + j];
+                let g = &mut out[k][rows[row].1];
+                g.tokens.push(tok);
+                g.logprobs.push(lp);
+                if let (Some(tr), Some((lps, values))) = (g.trace.as_mut(), traced.as_ref()) {
+                    tr.logprobs.push(lps[j]);
+                    tr.values.push(values[j]);
+                }
+                g.stopped = opts.stop_tokens.contains(&tok);
+                let cut = !observe(rows[row].1, tok);
+                if !g.stopped && !cut {
+                    keep.push(start + j);
                     next.push(tok);
                 }
-                None => next.push(opts.pad_token),
             }
         }
-        input = Tensor::from_vec(next, (out.len(), 1), base.device())?;
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < live.len() {
+            let kept = Tensor::from_vec(
+                keep.iter().map(|&j| j as u32).collect::<Vec<_>>(),
+                keep.len(),
+                dev,
+            )?;
+            cache.retain_rows(&kept)?;
+            pads = keep.iter().map(|&j| pads[j]).collect();
+            live = keep.iter().map(|&j| live[j]).collect();
+        }
+        input = Tensor::from_vec(next, (live.len(), 1), dev)?;
     }
     Ok(out)
+}
+
+fn same_adapter(a: Option<&Lora>, b: Option<&Lora>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        _ => false,
+    }
+}
+
+/// The live rows' speakers as `(speaker, first batch position, rows)`, in batch order.
+fn speaker_groups(live: &[usize], rows: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
+    let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+    for (j, &row) in live.iter().enumerate() {
+        let k = rows[row].0;
+        match groups.last_mut() {
+            Some((last, _, n)) if *last == k => *n += 1,
+            _ => groups.push((k, j, 1)),
+        }
+    }
+    groups
+}
+
+/// Each row's log-prob of its target, and its entropy, under `logits` (rows, vocab) divided
+/// by `temperature` (0 or below: 1), in f32 whatever the model's dtype; differentiable in
+/// the logits. The one computation behind [`score_at_temperature`] and [`PolicyTrace`].
+fn tempered_logprobs(
+    agent: &Agent,
+    logits: &Tensor,
+    targets: Vec<u32>,
+    temperature: f64,
+) -> Result<(Tensor, Tensor)> {
+    let temperature = if temperature > 0.0 { temperature } else { 1.0 };
+    let logits = if temperature == 1.0 {
+        logits.clone()
+    } else {
+        (logits / temperature)?
+    };
+    if super::fused::applies(agent.base.kernels().fused_ops, &[&logits]) {
+        // One op: the log-softmax over the vocabulary is never materialised.
+        let lp_h = super::fused::token_logprobs(&logits, targets)?;
+        Ok((
+            lp_h.narrow(1, 0, 1)?.squeeze(1)?,
+            lp_h.narrow(1, 1, 1)?.squeeze(1)?,
+        ))
+    } else {
+        // In f32 whatever the model's dtype (as TRL does with `logits.float()`): bf16
+        // log-probs are off by up to ~0.03 nats a token, and PPO's ratios and KL sum them.
+        let lsm = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+        let n = targets.len();
+        let tgt = Tensor::from_vec(targets, (n, 1), logits.device())?;
+        Ok((
+            lsm.gather(&tgt, 1)?.squeeze(1)?,
+            (lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?,
+        ))
+    }
 }
 
 /// Per-token log-probs (and values) of responses given prompts, on response positions only.
@@ -364,29 +615,12 @@ pub fn score_at_temperature(
         // Contiguous, so lm_head is one 2-D matmul: a broadcast matmul would make backward
         // materialise a (batch, vocab, hidden) gradient for the frozen lm_head weight.
         let logits = base.logits(&pred.narrow(1, c0, n)?.contiguous()?)?;
-        let logits = if temperature == 1.0 {
-            logits
-        } else {
-            (logits / temperature)?
-        };
-        let tgt = targets.narrow(1, c0, n)?.contiguous()?;
-        if super::fused::applies(agent.base.kernels().fused_ops, &[&logits]) {
-            // One op: the log-softmax over the vocabulary is never materialised.
-            let (b, _, vocab) = logits.dims3()?;
-            let lp_h = super::fused::token_logprobs(
-                &logits.reshape((b * n, vocab))?,
-                tgt.flatten_all()?.to_vec1::<u32>()?,
-            )?
-            .reshape((b, n, 2))?;
-            parts.push(lp_h.narrow(2, 0, 1)?.squeeze(2)?);
-            entropy_parts.push(lp_h.narrow(2, 1, 1)?.squeeze(2)?);
-        } else {
-            // In f32 whatever the model's dtype (as TRL does with `logits.float()`): bf16
-            // log-probs are off by up to ~0.03 nats a token, and PPO's ratios and KL sum them.
-            let lsm = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
-            parts.push(lsm.gather(&tgt.unsqueeze(2)?, 2)?.squeeze(2)?);
-            entropy_parts.push((lsm.exp()? * &lsm)?.sum(D::Minus1)?.neg()?);
-        }
+        let b = logits.dim(0)?;
+        let vocab = logits.dim(2)?;
+        let tgt = targets.narrow(1, c0, n)?.flatten_all()?.to_vec1::<u32>()?;
+        let (lp, h) = tempered_logprobs(agent, &logits.reshape((b * n, vocab))?, tgt, temperature)?;
+        parts.push(lp.reshape((b, n))?);
+        entropy_parts.push(h.reshape((b, n))?);
         c0 += n;
     }
     let logprobs = Tensor::cat(&parts, 1)?;
@@ -405,4 +639,111 @@ pub fn score_at_temperature(
         mask,
         entropy: Tensor::cat(&entropy_parts, 1)?,
     })
+}
+
+/// Log-probs (and values) of many responses, each shared token prefix computed once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixScored {
+    /// Per pair, in the pairs' order: the log-prob of each response token.
+    pub logprobs: Vec<Vec<f32>>,
+    /// Per pair, when asked for: the value head's value at the position predicting each
+    /// response token.
+    pub values: Option<Vec<Vec<f32>>>,
+    /// Positions run through the model.
+    pub computed: usize,
+    /// Positions of all the sequences together (computed + reused).
+    pub positions: usize,
+}
+
+impl PrefixScored {
+    /// The share of positions taken from a shared prefix instead of computed.
+    pub fn hit_rate(&self) -> f64 {
+        if self.positions == 0 {
+            return 0.0;
+        }
+        1.0 - self.computed as f64 / self.positions as f64
+    }
+}
+
+/// [`score_at_temperature`] without gradients for `(prompt, response)` pairs that share
+/// prefixes (a debate's turn-t conversation holds its turn t-1 conversation; every agent's
+/// turn-1 prompt for a task is the same): each position a sequence shares with another is
+/// computed once, in the manner of a radix cache. The sequences are taken in lexicographic
+/// order of their tokens, a depth-first walk of their prefix tree, so the sequence before
+/// each one shares the longest prefix with it of all earlier ones, and one sequence's KV
+/// cache is all that is kept: each forward continues that cache from the shared prefix.
+/// Rows run one at a time (batch 1), so no position is padding. With `values`, the agent's
+/// value head is applied too (it must have one).
+pub fn score_shared_prefixes(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    chunk: usize,
+    temperature: f64,
+    values: bool,
+) -> Result<PrefixScored> {
+    if !temperature.is_finite() {
+        bail!("score: temperature {temperature} is not finite");
+    }
+    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
+        bail!("score: every pair needs a non-empty prompt and response");
+    }
+    let head = match (values, &agent.value_head) {
+        (true, None) => bail!("score: values asked for, but the agent has no value head"),
+        (true, Some(h)) => Some(h),
+        (false, _) => None,
+    };
+    let base = &agent.base;
+    let dev = base.device();
+    let seqs: Vec<Vec<u32>> = pairs
+        .iter()
+        .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
+        .collect();
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by(|&a, &b| seqs[a].cmp(&seqs[b]).then(a.cmp(&b)));
+    let mut out = PrefixScored {
+        logprobs: vec![Vec::new(); pairs.len()],
+        values: head.map(|_| vec![Vec::new(); pairs.len()]),
+        computed: 0,
+        positions: 0,
+    };
+    let mut cache = KvCache::new(base.config().num_hidden_layers);
+    let mut previous: &[u32] = &[];
+    let chunk = chunk.max(1);
+    for i in order {
+        let (seq, p, r) = (&seqs[i], pairs[i].0.len(), pairs[i].1.len());
+        let shared = previous.iter().zip(seq).take_while(|(a, b)| a == b).count();
+        // The position before the response must be computed: its hidden state predicts the
+        // response's first token.
+        let keep = shared.min(p - 1);
+        cache.truncate(keep)?;
+        let ids = Tensor::from_slice(&seq[keep..], (1, seq.len() - keep), dev)?;
+        let hidden = agent.forward(&ids, &[0], Some(&mut cache), Pass::Inference)?;
+        // Hidden state at position j predicts token j + 1.
+        let pred = hidden
+            .narrow(1, p - 1 - keep, r)?
+            .squeeze(0)?
+            .contiguous()?;
+        let mut lps = Vec::with_capacity(r);
+        let mut c0 = 0;
+        while c0 < r {
+            let n = chunk.min(r - c0);
+            let logits = base.logits(&pred.narrow(0, c0, n)?)?;
+            let (lp, _) = tempered_logprobs(
+                agent,
+                &logits,
+                seq[p + c0..p + c0 + n].to_vec(),
+                temperature,
+            )?;
+            lps.extend(lp.to_vec1::<f32>()?);
+            c0 += n;
+        }
+        out.logprobs[i] = lps;
+        if let (Some(h), Some(v)) = (head, out.values.as_mut()) {
+            v[i] = h.forward(&pred)?.to_vec1::<f32>()?;
+        }
+        out.computed += seq.len() - keep;
+        out.positions += seq.len();
+        previous = seq;
+    }
+    Ok(out)
 }

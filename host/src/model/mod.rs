@@ -24,8 +24,9 @@ pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
 pub use generate::{
-    generate, generate_observed, score, score_at_temperature, GenerateOptions, Generation,
-    RngState, Sampler, SamplingParams, Scored,
+    generate, generate_observed, generate_together, generate_traced, score, score_at_temperature,
+    score_shared_prefixes, GenerateOptions, Generation, PolicyTrace, PrefixScored, RngState,
+    Sampler, SamplingParams, Scored, Speaker,
 };
 pub use hub::resolve_model;
 pub use load::{load, random, Loaded};

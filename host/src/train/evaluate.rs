@@ -32,8 +32,12 @@ pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<E
     let (tasks, _) = split(tasks(&config)?, &config)?;
     // Everything that can refuse the run (model, plugins, limits) before anything is
     // written: a refused run leaves no directory behind.
+    let seed = config.seed;
     let mut session = Session::open(config)?;
     session.start_run_dir(&run_dir)?;
+    // Paired draws: another row (config, checkpoint) evaluated at this seed shares this
+    // one's sampling noise, question by question.
+    session.team.pair_draws(Some(seed));
     let started = Instant::now();
     let debated = session.debate_all(&tasks, "debating", progress)?;
     let elapsed = started.elapsed();
@@ -63,16 +67,21 @@ pub(super) fn held_out(
     held: &[Task],
     run_dir: &Path,
     name: &str,
+    seed: u64,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<Report> {
     let samplers = session.team.rng_states();
-    // An epoch no training step uses; the same before and after, so that the two
-    // evaluations differ only by the training.
+    // An epoch no training step uses and paired draws at the run's seed; the same before
+    // and after, so that the two evaluations (and other runs' at this seed) differ only by
+    // the weights, question by question.
     session.plugins.restart(u64::MAX)?;
+    session.team.pair_draws(Some(seed));
     let label = format!("evaluating ({name})");
     let debated = session
         .debate_all(held, &label, progress)
-        .with_context(|| format!("the held-out evaluation {name} training"))?;
+        .with_context(|| format!("the held-out evaluation {name} training"));
+    session.team.pair_draws(None);
+    let debated = debated?;
     session.team.restore_rng_states(&samplers)?;
     let hashes = PluginHashes::of(&session.plugins);
     debate::write_transcripts(

@@ -273,6 +273,7 @@ impl Trainer {
                 &self.held,
                 &self.run_dir,
                 "before",
+                self.cfg.seed,
                 progress,
             )?;
         }
@@ -315,6 +316,7 @@ impl Trainer {
                 &self.held,
                 &self.run_dir,
                 "after",
+                self.cfg.seed,
                 progress,
             )?;
             Some([evaluate::read_report(&self.run_dir, "before")?, after])
@@ -402,8 +404,16 @@ impl Trainer {
                 // One update per turn, each with that turn's value head.
                 let mut parts = Vec::new();
                 for &turn in &turns {
-                    let group: Vec<_> =
-                        samples.iter().filter(|s| s.turn == turn).cloned().collect();
+                    // Generation records the shared head's values, so a turn's own head
+                    // scores its samples afresh.
+                    let group: Vec<_> = samples
+                        .iter()
+                        .filter(|s| s.turn == turn)
+                        .map(|s| Sample {
+                            policy: None,
+                            ..s.clone()
+                        })
+                        .collect();
                     if group.is_empty() {
                         continue;
                     }
@@ -696,6 +706,7 @@ pub fn samples_of(debates: &[Debate], agent: u32) -> Vec<Sample> {
                     response: s.ids.response.clone(),
                     turn: u.turn,
                     reward: r.total,
+                    policy: s.ids.policy.clone(),
                 });
             }
         }
@@ -719,6 +730,7 @@ fn weighted_mean(parts: &[(usize, StepStats)]) -> StepStats {
         out.clip_fraction += w * s.clip_fraction;
         out.entropy += w * s.entropy;
         out.grad_norm += w * s.grad_norm;
+        out.reference_prefix_hit_rate += w * s.reference_prefix_hit_rate;
         out.tokens += s.tokens;
         out.score_seconds += s.score_seconds;
         out.optimize_seconds += s.optimize_seconds;

@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 pub use crate::config::{KlEstimator, PpoConfig};
-use crate::model::{score_at_temperature, Agent};
+use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace};
 use crate::optim::AgentOptimizer;
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
@@ -31,6 +31,9 @@ pub struct Sample {
     pub response: Vec<u32>,
     pub turn: u32,
     pub reward: f32,
+    /// The old policy's log-probs and values of `response`, recorded by generation with
+    /// the weights and value head this update starts from; `None`: score them here.
+    pub policy: Option<PolicyTrace>,
 }
 
 /// What one update measured.
@@ -49,8 +52,13 @@ pub struct StepStats {
     /// Global gradient norm before clipping, averaged over minibatches.
     pub grad_norm: f32,
     pub tokens: usize,
-    /// Wall time of scoring the batch before the update, without gradients: the policy's
-    /// log-probs and values, and the reference's log-probs. Like the other timings, it is
+    /// The share of the reference's scoring positions taken from a prefix another of the
+    /// batch's sequences shares (computed once, not again).
+    #[serde(default)]
+    pub reference_prefix_hit_rate: f32,
+    /// Wall time of scoring the batch before the update, without gradients: the reference's
+    /// log-probs, and the policy's log-probs and values where generation did not record
+    /// them. Like the other timings, it is
     /// not serialized here (these statistics must match between a run and its resume); the
     /// training metrics line carries the sums over agents.
     #[serde(skip)]
@@ -64,8 +72,54 @@ pub struct StepStats {
     pub backward_seconds: f64,
 }
 
-fn rows(t: &Tensor) -> anyhow::Result<Vec<Vec<f32>>> {
-    Ok(t.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?)
+/// Splits minibatch `mb` (sample indices) into micro-batches by sequence length, so that a
+/// short turn-1 conversation is not padded to a long turn-3 one: the indices sorted by
+/// `lengths` (prompt + response tokens), then cut greedily wherever the next one would make a
+/// micro-batch's padded size (rows × its longest sequence) exceed what the configured split
+/// into `grad_accum` parts would pad to (rows per part × the minibatch's longest). So no
+/// forward pass is larger than before, and the passes often fewer; the summed gradient is
+/// the minibatch's either way.
+fn micro_batches(mb: &[usize], lengths: &[usize], grad_accum: usize) -> Vec<Vec<usize>> {
+    let mut sorted = mb.to_vec();
+    sorted.sort_by_key(|&i| (lengths[i], i));
+    let rows = mb.len().div_ceil(grad_accum.clamp(1, mb.len().max(1)));
+    let budget = rows * sorted.last().map_or(0, |&i| lengths[i]);
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut part: Vec<usize> = Vec::new();
+    for i in sorted {
+        // Sorted ascending, so `i` is the longest of the part it joins.
+        if !part.is_empty() && (part.len() + 1) * lengths[i] > budget {
+            out.push(std::mem::take(&mut part));
+        }
+        part.push(i);
+    }
+    if !part.is_empty() {
+        out.push(part);
+    }
+    out
+}
+
+/// The samples' recorded old-policy traces, when every sample has one taken at
+/// `temperature` and covering its whole response; otherwise the update scores them itself.
+fn recorded(samples: &[Sample], temperature: f64) -> Option<Vec<&PolicyTrace>> {
+    samples
+        .iter()
+        .map(|s| {
+            s.policy.as_ref().filter(|t| {
+                t.temperature == temperature
+                    && t.logprobs.len() == s.response.len()
+                    && t.values.len() == s.response.len()
+            })
+        })
+        .collect()
+}
+
+/// `x` right-aligned in a row of `width` (zeros before it), as `model::score` lays out
+/// responses.
+fn right_aligned(x: &[f32], width: usize) -> Vec<f32> {
+    let mut row = vec![0.0; width - x.len()];
+    row.extend_from_slice(x);
+    row
 }
 
 /// The last `n` columns of the rows `idx` (rows are right-aligned responses).
@@ -153,18 +207,49 @@ pub fn ppo_step(
         .map(|s| (s.prompt.clone(), s.response.clone()))
         .collect();
 
-    // The old policy and the reference, without gradients.
+    // The old policy and the reference, without gradients. Every log-prob is taken at the
+    // temperature the responses were sampled at (TRL's PPO does the same): the policy that
+    // acted is the one optimised, and the KL compares like with like.
     let scoring = Instant::now();
-    // Every log-prob at the temperature the responses were sampled at (TRL's PPO does the
-    // same): the policy that acted is the one optimised, and the KL compares like with like.
-    let old = score_at_temperature(agent, &pairs, Pass::Inference, cfg.chunk, temperature)
-        .context("scoring with the current policy")?;
-    let reference =
-        score_at_temperature(reference, &pairs, Pass::Inference, cfg.chunk, temperature)
-            .context("scoring with the reference")?;
-    let (old_lp, ref_lp) = (rows(&old.logprobs)?, rows(&reference.logprobs)?);
-    let old_values = rows(old.values.as_ref().expect("checked above"))?;
-    let mask = rows(&old.mask)?;
+    let width = samples.iter().map(|s| s.response.len()).max().unwrap_or(0);
+    let aligned = |rows: &[&[f32]]| -> Vec<Vec<f32>> {
+        rows.iter().map(|r| right_aligned(r, width)).collect()
+    };
+    let (old_lp, old_values) = match recorded(samples, temperature) {
+        // Generation recorded the old policy's log-probs and values: nothing to score twice.
+        Some(traces) => (
+            aligned(&traces.iter().map(|t| &t.logprobs[..]).collect::<Vec<_>>()),
+            aligned(&traces.iter().map(|t| &t.values[..]).collect::<Vec<_>>()),
+        ),
+        None => {
+            let old = score_shared_prefixes(agent, &pairs, cfg.chunk, temperature, true)
+                .context("scoring with the current policy")?;
+            let values = old.values.expect("asked for");
+            (
+                aligned(&old.logprobs.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+                aligned(&values.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+            )
+        }
+    };
+    let mask = aligned(
+        &samples
+            .iter()
+            .map(|s| vec![1.0; s.response.len()])
+            .collect::<Vec<_>>()
+            .iter()
+            .map(Vec::as_slice)
+            .collect::<Vec<_>>(),
+    );
+    // The reference once per sequence, each prefix the sequences share computed once.
+    let reference = score_shared_prefixes(reference, &pairs, cfg.chunk, temperature, false)
+        .context("scoring with the reference")?;
+    let ref_lp = aligned(
+        &reference
+            .logprobs
+            .iter()
+            .map(Vec::as_slice)
+            .collect::<Vec<_>>(),
+    );
     let score_seconds = scoring.elapsed().as_secs_f64();
 
     let kl: Vec<Vec<f32>> = old_lp
@@ -193,6 +278,7 @@ pub fn ppo_step(
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..samples.len()).collect();
+    let lengths: Vec<usize> = pairs.iter().map(|(p, r)| p.len() + r.len()).collect();
     let minibatches = cfg.minibatches.clamp(1, samples.len());
     let mut stats = StepStats {
         reward_mean: scores.iter().sum::<f32>() / scores.len() as f32,
@@ -200,6 +286,7 @@ pub fn ppo_step(
         kl_coef,
         tokens: samples.iter().map(|s| s.response.len()).sum(),
         score_seconds,
+        reference_prefix_hit_rate: reference.hit_rate() as f32,
         ..StepStats::default()
     };
     let mut n = 0.0f32;
@@ -214,11 +301,11 @@ pub fn ppo_step(
             // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
             // share of the minibatch's tokens, so the summed gradient is the minibatch's.
             let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
-            let micro = mb.len().div_ceil(cfg.grad_accum.clamp(1, mb.len()));
+            let parts = micro_batches(mb, &lengths, cfg.grad_accum);
             if shapes_to.is_some() {
-                optimizer_steps.push(mb.chunks(micro).map(<[usize]>::to_vec).collect());
+                optimizer_steps.push(parts.clone());
             }
-            for part in mb.chunks(micro) {
+            for part in &parts {
                 let share = part
                     .iter()
                     .map(|&i| samples[i].response.len())
@@ -513,6 +600,37 @@ mod advantage_tests {
         let r = token_rewards(&kl, &mask, &[1.0, -1.0], 0.1);
         assert_eq!(r[0], vec![0.0, -0.05, 1.05]);
         assert_eq!(r[1], vec![-0.1, 0.0, -1.2]);
+    }
+
+    #[test]
+    fn micro_batches_group_by_length_within_the_configured_padding() {
+        // Lengths of turn-1, turn-2 and turn-3 conversations, shuffled.
+        let lengths = [100, 420, 250, 100, 420, 250, 100, 420, 250, 100, 420, 250];
+        let mb: Vec<usize> = (0..12).collect();
+        for grad_accum in [1, 2, 3, 6, 12, 50] {
+            let parts = micro_batches(&mb, &lengths, grad_accum);
+            let mut seen: Vec<usize> = parts.concat();
+            seen.sort();
+            assert_eq!(seen, mb, "every sample once");
+            let budget = 12usize.div_ceil(grad_accum.min(12)) * 420;
+            for p in &parts {
+                let longest = p.iter().map(|&i| lengths[i]).max().unwrap();
+                assert!(p.len() * longest <= budget, "{grad_accum}: {parts:?}");
+                assert!(p.windows(2).all(|w| lengths[w[0]] <= lengths[w[1]]));
+            }
+            // Never more passes than one per sample, never fewer than the budget allows.
+            assert!(parts.len() <= 12);
+        }
+        // One part holds everything when one pass may (grad_accum 1); with 2 the short
+        // conversations share a pass instead of being padded to 420.
+        assert_eq!(micro_batches(&mb, &lengths, 1).len(), 1);
+        let two = micro_batches(&mb, &lengths, 2);
+        let padded: usize = two
+            .iter()
+            .map(|p| p.len() * p.iter().map(|&i| lengths[i]).max().unwrap())
+            .sum();
+        assert!(padded < 12 * 420, "{padded}");
+        assert_eq!(micro_batches(&[], &lengths, 2), Vec::<Vec<usize>>::new());
     }
 
     #[test]

@@ -163,11 +163,12 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
         let tuned: Vec<_> = (0..cfg.debate.agents as usize)
             .map(|a| session.team.agent_mut(a).lora.take())
             .collect();
-        let before = evaluate::held_out(&mut session, &held, &run_dir, "before", progress)?;
+        let before =
+            evaluate::held_out(&mut session, &held, &run_dir, "before", cfg.seed, progress)?;
         for (a, lora) in tuned.into_iter().enumerate() {
             session.team.agent_mut(a).lora = lora;
         }
-        let after = evaluate::held_out(&mut session, &held, &run_dir, "after", progress)?;
+        let after = evaluate::held_out(&mut session, &held, &run_dir, "after", cfg.seed, progress)?;
         Some([before, after])
     } else {
         None

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::debate::{Debate, Team};
+use crate::debate::{Debate, Request, Team};
 use crate::plugin::{Protocol, Verifier};
 use crate::transcript::{Task, Transcript};
 
@@ -51,11 +51,20 @@ pub fn sample_answers(
                 task.id
             );
         };
-        conversations.push((prompt.agent, prompt.messages));
+        conversations.push((task.id.as_str(), prompt.agent, prompt.messages));
     }
-    let requests: Vec<(u32, &[crate::transcript::ChatMessage])> = conversations
+    let requests: Vec<Request<'_>> = conversations
         .iter()
-        .flat_map(|(a, m)| std::iter::repeat_n((*a, m.as_slice()), n))
+        .flat_map(|(task, agent, messages)| {
+            std::iter::repeat_n(
+                Request {
+                    task,
+                    agent: *agent,
+                    messages: messages.as_slice(),
+                },
+                n,
+            )
+        })
         .collect();
     let responses = team.respond(1, &requests)?;
     let mut out = Vec::with_capacity(responses.len());
