@@ -103,6 +103,33 @@ if sys.argv[4]:
         print(f"| {name} | {c:.1f} s | {p:.1f} s | {c / p:.2f}x |")
     print(f"| update tokens/s | {upd_tokens / c_upd:.1f} | {t['response_tokens'] / t_upd:.1f} | |")
     print(f"| peak RSS | {rss:.0f} MiB (whole iteration) | {t['peak_rss_mib']} MiB (after load: {t['peak_rss_after_load_mib']}) | |")
+    # Distance from the machine's limits, measured in the same run (f32 2048^3 products and
+    # a 256 MiB copy in PyTorch, same threads). FLOPs are estimated from the parameter count
+    # N (attention's own products not counted): 2N a token for a forward pass, 4N for a
+    # forward and backward through a frozen base (input gradients; LoRA's are negligible).
+    # Decoding a few rows is bound by bandwidth rather than FLOPs (each step reads every
+    # weight once), so generation's share of the FLOP peak understates how close it is.
+    n = t["params"]
+    seqs = [p + r for b in batches for p, r in zip(b["prompt_lens"], b["response_lens"])]
+    gen_flops = 2 * n * sum(seqs)
+    hits = [s.get("reference_prefix_hit_rate") or 0.0 for s in m["agents"].values()]
+    hit = sum(hits) / max(len(hits), 1)
+    score_flops = 2 * n * sum(seqs) * (1 - hit)
+    opt_tokens = sum(
+        b["prompt_lens"][i] + b["response_lens"][i]
+        for b in batches for step in b["optimizer_steps"] for part in step for i in part
+    )
+    opt_flops = 4 * n * opt_tokens
+    print(f"\nmachine limits ({t['threads']} threads): {t['peak_gflops']} GFLOP/s f32 matrix products, "
+          f"{t['bandwidth_gbs']} GB/s memory copy; N = {n / 1e6:.1f}M parameters")
+    print("| phase | estimated GFLOP | GFLOP/s | of the peak |\n|---|---|---|---|")
+    for name, f, s in [
+        ("generation (prefill + decode)", gen_flops, m["generation_seconds"]),
+        ("reference scoring (prefixes computed once)", score_flops, m["score_seconds"]),
+        ("optimization (forward + backward)", opt_flops, m["optimize_seconds"]),
+    ]:
+        rate = f / max(s, 1e-9) / 1e9
+        print(f"| {name} | {f / 1e9:.0f} | {rate:.1f} | {rate / t['peak_gflops']:.1%} |")
 PY
 if [ -n "${BASELINE:-}" ]; then
     python3 - "$OUT/baseline/run/metrics.jsonl" "$OUT/run/metrics.jsonl" <<'PY'

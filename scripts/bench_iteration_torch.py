@@ -38,6 +38,26 @@ def vm_hwm_mib():
     return float("nan")
 
 
+def machine_limits(torch):
+    """This machine's f32 matrix-product rate (GFLOP/s, 2048^3 products) and memory
+    bandwidth (GB/s, bytes read + written by a 256 MiB copy), at the set thread count."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(2):
+        a @ b
+    n, t = 10, time.perf_counter()
+    for _ in range(n):
+        a @ b
+    gflops = 2 * 2048**3 * n / (time.perf_counter() - t) / 1e9
+    x = torch.ones(64 * 1024 * 1024)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    n, t = 5, time.perf_counter()
+    for _ in range(n):
+        y.copy_(x)
+    gbs = 2 * x.numel() * 4 * n / (time.perf_counter() - t) / 1e9
+    return round(gflops, 1), round(gbs, 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True)
@@ -60,6 +80,7 @@ def main():
         pass
     torch.manual_seed(0)
     updates = [json.loads(l) for l in open(args.batches) if l.strip()]
+    peak_gflops, bandwidth_gbs = machine_limits(torch)
 
     started = time.perf_counter()
     base = AutoModelForCausalLM.from_pretrained(
@@ -68,6 +89,7 @@ def main():
         dtype=torch.float32,
     )
     base.eval()  # no dropout, as in maporl
+    params = sum(p.numel() for p in base.parameters())
     load_seconds = time.perf_counter() - started
     rss_after_load = vm_hwm_mib()
     hidden = base.config.hidden_size
@@ -181,6 +203,9 @@ def main():
         json.dumps(
             dict(
                 torch=torch.__version__,
+                params=params,
+                peak_gflops=peak_gflops,
+                bandwidth_gbs=bandwidth_gbs,
                 threads=args.threads,
                 agents=len(updates),
                 optimizer_steps=steps,

@@ -337,4 +337,22 @@ fn an_update_from_generation_traces_equals_one_that_scores_again() {
     let (other, _) = train(samples(true), 1.0);
     let (rescored, _) = train(samples(false), 1.0);
     assert_eq!(other, rescored);
+    // The traces are what the update reads when they fit (else the equalities above would
+    // hold with traces ignored): shifted log-probs move the KL and the parameters.
+    let shifted: Vec<Sample> = samples(true)
+        .into_iter()
+        .map(|mut s| {
+            let trace = s.policy.as_mut().expect("a learner's generation is traced");
+            trace.logprobs.iter_mut().for_each(|l| *l += 0.5);
+            s
+        })
+        .collect();
+    let (moved, moved_stats) = train(shifted, 0.8);
+    assert!(
+        (moved_stats.kl - traced_stats.kl).abs() > 0.1,
+        "{} against {}",
+        moved_stats.kl,
+        traced_stats.kl
+    );
+    assert_ne!(moved, traced);
 }

@@ -838,6 +838,23 @@ fn held_out_tasks_are_evaluated_before_and_after_and_never_trained_on() {
         &["--set", "data.count=12", "--set", "data.held_out=4"],
     );
     assert_eq!(e.len(), 4);
+    // `maporl compare` takes `maporl eval` directories too: one evaluation against itself
+    // differs by nothing.
+    let eval_dir = dir.path().join("eval");
+    let cmp = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["compare", "--json"])
+        .args([&eval_dir, &eval_dir])
+        .output()
+        .unwrap();
+    assert!(cmp.status.success(), "{}", text(&cmp));
+    let cmp: serde_json::Value = serde_json::from_slice(&cmp.stdout).unwrap();
+    assert_eq!(cmp["tasks"], 4);
+    for t in cmp["turns"].as_array().unwrap() {
+        assert_eq!(
+            (&t["difference"], &t["low"], &t["high"]),
+            (&0.0.into(), &0.0.into(), &0.0.into())
+        );
+    }
     let out = run_train(
         &dir.path().join("bad"),
         &model,

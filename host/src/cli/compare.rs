@@ -8,11 +8,11 @@ use clap::Args;
 #[derive(Args)]
 pub struct CompareArgs {
     /// The first evaluation's transcripts (`transcripts.jsonl` of `maporl eval`, or
-    /// `transcripts-before.jsonl` of a run with held-out tasks), or a run directory (its
-    /// `transcripts-before.jsonl`).
+    /// `transcripts-before.jsonl` of a run with held-out tasks), or a directory: a training
+    /// run's `transcripts-before.jsonl`, else `maporl eval`'s `transcripts.jsonl`.
     first: PathBuf,
-    /// The second evaluation's transcripts, or a run directory (its
-    /// `transcripts-after.jsonl`).
+    /// The second evaluation's transcripts, or a directory: a training run's
+    /// `transcripts-after.jsonl`, else `maporl eval`'s `transcripts.jsonl`.
     second: PathBuf,
     /// Bootstrap resamples of the tasks.
     #[arg(long, default_value_t = 10_000)]
@@ -25,12 +25,17 @@ pub struct CompareArgs {
     json: bool,
 }
 
-/// A transcripts file, or `name` in a run directory.
+/// A transcripts file; or in a directory, a training run's `name` or else `maporl eval`'s
+/// `transcripts.jsonl`.
 fn transcripts(path: &Path, name: &str) -> PathBuf {
-    if path.is_dir() {
-        path.join(name)
+    if !path.is_dir() {
+        return path.to_path_buf();
+    }
+    let run = path.join(name);
+    if run.exists() {
+        run
     } else {
-        path.to_path_buf()
+        path.join("transcripts.jsonl")
     }
 }
 

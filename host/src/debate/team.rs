@@ -256,8 +256,9 @@ impl ModelTeam {
                         .expect("one share per agent in a batch"),
                 };
                 // A learner speaking with its adapter records what PPO needs of its tokens
-                // as it generates them, at the temperature it samples (and PPO scores) at.
-                let traced = adapted && agent.value_head.is_some();
+                // as it generates them, at the temperature it samples (and PPO scores) at;
+                // evaluations (paired draws) train on nothing and record nothing.
+                let traced = adapted && agent.value_head.is_some() && self.paired.is_none();
                 speakers.push(model::Speaker {
                     agent,
                     prompts: &prompts[k][first..first + n],
@@ -295,6 +296,9 @@ impl ModelTeam {
     /// before. Two evaluations of a task (before and after training, or two runs' rows at
     /// the same seed) then share their sampling noise and differ only by the weights.
     /// `None` (the default, for training): each agent draws from its own one stream.
+    /// Identical requests (same task id, agent and turn) within one `respond` call are told
+    /// apart by their order there; across calls they would share a stream, so an evaluation
+    /// should not hold one task id twice (`maporl compare` refuses that too).
     pub fn pair_draws(&mut self, seed: Option<u64>) {
         self.paired = seed;
     }

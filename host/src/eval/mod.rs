@@ -136,6 +136,11 @@ pub fn evaluate(all: &[Debate]) -> Report {
                         (latest(&d.transcript.utterances, agent, turn - 1), now)
                     {
                         transitions.add(before.correct, now.correct);
+                        // The conditional rates count moves: only an agent that spoke at
+                        // this turn could have been corrected or misled by it.
+                        if now.turn != turn {
+                            continue;
+                        }
                         let peers: Vec<bool> = (0..d.transcript.agents)
                             .filter(|&p| p != agent)
                             .filter_map(|p| latest(&d.transcript.utterances, p, turn - 1))
@@ -399,12 +404,19 @@ mod tests {
                 u(2, 0, Some("4"), "5"),
                 u(2, 1, Some("5"), "5"),
                 u(2, 2, Some("3"), "5"),
+                // Turn 3: only agent 0 speaks (round-robin style). Agents 1 and 2 made no
+                // move, so they count in neither rate.
+                u(3, 0, Some("5"), "5"),
             ],
-            vec![vec!["5"], vec!["4"]],
+            vec![vec!["5"], vec!["4"], vec!["5"]],
         );
         d.transcript.agents = 3;
-        d.transcript.turns = 2;
+        d.transcript.turns = 3;
         let r = evaluate(&[d]);
+        assert_eq!(
+            (r.turns[2].corrected_by_peers, r.turns[2].misled_by_peers),
+            (Some(Rate { moved: 1, of: 1 }), Some(Rate::default()))
+        );
         assert_eq!(
             r.turns[1].corrected_by_peers,
             Some(Rate { moved: 1, of: 2 })

@@ -76,12 +76,10 @@ pub fn paired(
         .map(|(x, y)| x.transcript.turns.min(y.transcript.turns))
         .min()
         .unwrap_or(0);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = both.len();
-    // The same resampled task sets for every turn and both measures.
-    let draws: Vec<Vec<usize>> = (0..resamples)
-        .map(|_| (0..n).map(|_| rng.random_range(0..n)).collect())
-        .collect();
+    // The same resampled task sets for every turn and both measures: each interval draws
+    // them afresh from the same seed (memory O(tasks + resamples), not their product).
+    let draws = Resamples { seed, resamples };
     let mut out = Vec::new();
     for turn in 1..=turns {
         let team: Vec<(f64, f64)> = both
@@ -115,13 +113,16 @@ pub fn paired(
     })
 }
 
-/// The fraction of a debate's agents that are right after `turn` (their latest answer).
+/// The fraction of a debate's agents that are right after `turn` (their latest answer),
+/// over the agents that have spoken by then, as `eval`'s per-agent accuracy counts them.
 fn agent_mean(d: &Debate, turn: u32) -> f64 {
-    let agents = d.transcript.agents.max(1);
-    let right = (0..agents)
-        .filter(|&a| latest(&d.transcript.utterances, a, turn).is_some_and(|u| u.correct))
-        .count();
-    right as f64 / f64::from(agents)
+    let latest: Vec<bool> = (0..d.transcript.agents)
+        .filter_map(|a| latest(&d.transcript.utterances, a, turn).map(|u| u.correct))
+        .collect();
+    if latest.is_empty() {
+        return 0.0;
+    }
+    latest.iter().filter(|&&c| c).count() as f64 / latest.len() as f64
 }
 
 fn means(pairs: &[(f64, f64)]) -> (f64, f64) {
@@ -132,15 +133,30 @@ fn means(pairs: &[(f64, f64)]) -> (f64, f64) {
     )
 }
 
+/// Bootstrap resamples of the tasks, drawn from a stream seeded by `seed`.
+struct Resamples {
+    seed: u64,
+    resamples: usize,
+}
+
 /// The 2.5th and 97.5th percentiles of the mean paired difference over the resamples.
-fn interval(pairs: &[(f64, f64)], draws: &[Vec<usize>]) -> (f64, f64) {
-    if draws.is_empty() {
+fn interval(pairs: &[(f64, f64)], draws: &Resamples) -> (f64, f64) {
+    if draws.resamples == 0 || pairs.is_empty() {
         let (a, b) = means(pairs);
         return (b - a, b - a);
     }
-    let mut stats: Vec<f64> = draws
-        .iter()
-        .map(|d| d.iter().map(|&i| pairs[i].1 - pairs[i].0).sum::<f64>() / d.len() as f64)
+    let n = pairs.len();
+    let mut rng = ChaCha8Rng::seed_from_u64(draws.seed);
+    let mut stats: Vec<f64> = (0..draws.resamples)
+        .map(|_| {
+            (0..n)
+                .map(|_| {
+                    let i = rng.random_range(0..n);
+                    pairs[i].1 - pairs[i].0
+                })
+                .sum::<f64>()
+                / n as f64
+        })
         .collect();
     stats.sort_by(f64::total_cmp);
     let at = |q: f64| stats[((q * stats.len() as f64) as usize).min(stats.len() - 1)];

@@ -75,22 +75,36 @@ pub struct StepStats {
 /// Splits minibatch `mb` (sample indices) into micro-batches by sequence length, so that a
 /// short turn-1 conversation is not padded to a long turn-3 one: the indices sorted by
 /// `lengths` (prompt + response tokens), then cut greedily wherever the next one would make a
-/// micro-batch's padded size (rows × its longest sequence) exceed what the configured split
-/// into `grad_accum` parts would pad to (rows per part × the minibatch's longest). So no
-/// forward pass is larger than before, and the passes often fewer; the summed gradient is
-/// the minibatch's either way.
-fn micro_batches(mb: &[usize], lengths: &[usize], grad_accum: usize) -> Vec<Vec<usize>> {
+/// micro-batch's padded size exceed what the configured split into `grad_accum` parts would
+/// pad to (rows per part × the minibatch's longest), both in whole sequences (activations)
+/// and in responses (`responses`: the logits kept for the backward pass, rows × response ×
+/// vocabulary). So no forward pass is larger than before on either count, and the passes
+/// are often fewer; the summed gradient is the minibatch's either way.
+fn micro_batches(
+    mb: &[usize],
+    lengths: &[usize],
+    responses: &[usize],
+    grad_accum: usize,
+) -> Vec<Vec<usize>> {
     let mut sorted = mb.to_vec();
     sorted.sort_by_key(|&i| (lengths[i], i));
     let rows = mb.len().div_ceil(grad_accum.clamp(1, mb.len().max(1)));
     let budget = rows * sorted.last().map_or(0, |&i| lengths[i]);
+    let response_budget = rows * mb.iter().map(|&i| responses[i]).max().unwrap_or(0);
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut part: Vec<usize> = Vec::new();
+    let mut longest_response = 0;
     for i in sorted {
-        // Sorted ascending, so `i` is the longest of the part it joins.
-        if !part.is_empty() && (part.len() + 1) * lengths[i] > budget {
+        // Sorted ascending, so `i` is the longest sequence of the part it joins.
+        let response = longest_response.max(responses[i]);
+        if !part.is_empty()
+            && ((part.len() + 1) * lengths[i] > budget
+                || (part.len() + 1) * response > response_budget)
+        {
             out.push(std::mem::take(&mut part));
+            longest_response = 0;
         }
+        longest_response = longest_response.max(responses[i]);
         part.push(i);
     }
     if !part.is_empty() {
@@ -279,6 +293,7 @@ pub fn ppo_step(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..samples.len()).collect();
     let lengths: Vec<usize> = pairs.iter().map(|(p, r)| p.len() + r.len()).collect();
+    let responses: Vec<usize> = pairs.iter().map(|(_, r)| r.len()).collect();
     let minibatches = cfg.minibatches.clamp(1, samples.len());
     let mut stats = StepStats {
         reward_mean: scores.iter().sum::<f32>() / scores.len() as f32,
@@ -301,7 +316,7 @@ pub fn ppo_step(
             // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
             // share of the minibatch's tokens, so the summed gradient is the minibatch's.
             let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
-            let parts = micro_batches(mb, &lengths, cfg.grad_accum);
+            let parts = micro_batches(mb, &lengths, &responses, cfg.grad_accum);
             if shapes_to.is_some() {
                 optimizer_steps.push(parts.clone());
             }
@@ -604,33 +619,64 @@ mod advantage_tests {
 
     #[test]
     fn micro_batches_group_by_length_within_the_configured_padding() {
-        // Lengths of turn-1, turn-2 and turn-3 conversations, shuffled.
+        // Lengths of turn-1, turn-2 and turn-3 conversations, shuffled; responses of 60
+        // tokens each, or of 60 (turn 1, long answers) against 20 later (short ones).
         let lengths = [100, 420, 250, 100, 420, 250, 100, 420, 250, 100, 420, 250];
+        let even = [60; 12];
+        let uneven: Vec<usize> = lengths
+            .iter()
+            .map(|&l| if l == 100 { 60 } else { 20 })
+            .collect();
         let mb: Vec<usize> = (0..12).collect();
-        for grad_accum in [1, 2, 3, 6, 12, 50] {
-            let parts = micro_batches(&mb, &lengths, grad_accum);
-            let mut seen: Vec<usize> = parts.concat();
-            seen.sort();
-            assert_eq!(seen, mb, "every sample once");
-            let budget = 12usize.div_ceil(grad_accum.min(12)) * 420;
-            for p in &parts {
-                let longest = p.iter().map(|&i| lengths[i]).max().unwrap();
-                assert!(p.len() * longest <= budget, "{grad_accum}: {parts:?}");
-                assert!(p.windows(2).all(|w| lengths[w[0]] <= lengths[w[1]]));
+        for responses in [&even[..], &uneven[..]] {
+            for grad_accum in [1, 2, 3, 6, 12, 50] {
+                let parts = micro_batches(&mb, &lengths, responses, grad_accum);
+                let mut seen: Vec<usize> = parts.concat();
+                seen.sort();
+                assert_eq!(seen, mb, "every sample once");
+                let rows = 12usize.div_ceil(grad_accum.min(12));
+                let longest = |p: &[usize], of: &[usize]| p.iter().map(|&i| of[i]).max().unwrap();
+                for p in &parts {
+                    // Neither the sequences' nor the responses' padded size is above the
+                    // configured split's.
+                    assert!(p.len() * longest(p, &lengths) <= rows * 420, "{parts:?}");
+                    assert!(p.len() * longest(p, responses) <= rows * 60, "{parts:?}");
+                    assert!(p.windows(2).all(|w| lengths[w[0]] <= lengths[w[1]]));
+                }
+                // Greedy: no part could have taken the next one's first sample.
+                for w in parts.windows(2) {
+                    let mut joined = w[0].clone();
+                    joined.push(w[1][0]);
+                    assert!(
+                        joined.len() * longest(&joined, &lengths) > rows * 420
+                            || joined.len() * longest(&joined, responses) > rows * 60,
+                        "{grad_accum}: {parts:?}"
+                    );
+                }
             }
-            // Never more passes than one per sample, never fewer than the budget allows.
-            assert!(parts.len() <= 12);
         }
         // One part holds everything when one pass may (grad_accum 1); with 2 the short
         // conversations share a pass instead of being padded to 420.
-        assert_eq!(micro_batches(&mb, &lengths, 1).len(), 1);
-        let two = micro_batches(&mb, &lengths, 2);
+        assert_eq!(micro_batches(&mb, &lengths, &even, 1).len(), 1);
+        let two = micro_batches(&mb, &lengths, &even, 2);
         let padded: usize = two
             .iter()
             .map(|p| p.len() * p.iter().map(|&i| lengths[i]).max().unwrap())
             .sum();
         assert!(padded < 12 * 420, "{padded}");
-        assert_eq!(micro_batches(&[], &lengths, 2), Vec::<Vec<usize>>::new());
+        // With one row a pass configured, the 60-token responses of turn 1 stay one a pass
+        // (two would keep twice the logits), while the 20-token ones may share.
+        let one = micro_batches(&mb, &lengths, &uneven, 12);
+        for p in &one {
+            assert!(
+                p.len() == 1 || p.iter().all(|&i| uneven[i] == 20),
+                "{one:?}"
+            );
+        }
+        assert_eq!(
+            micro_batches(&[], &lengths, &even, 2),
+            Vec::<Vec<usize>>::new()
+        );
     }
 
     #[test]
