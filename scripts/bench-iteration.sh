@@ -45,6 +45,12 @@ one_step() {
         --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
 }
 if [ -n "${BASELINE:-}" ]; then
+    # A baseline built in this target directory can leave artefacts cargo takes for fresh,
+    # so that "now" is the baseline again: build it in a target directory of its own.
+    if cmp -s "$BASELINE" "$OUT/maporl"; then
+        echo "BASELINE ($BASELINE) is the binary just built; build the baseline with its own CARGO_TARGET_DIR" >&2
+        exit 1
+    fi
     echo "baseline: $BASELINE"
     one_step "$BASELINE" "$OUT/baseline"
 fi

@@ -89,7 +89,7 @@ def main():
         dtype=torch.float32,
     )
     base.eval()  # no dropout, as in maporl
-    params = sum(p.numel() for p in base.parameters())
+    n_params = sum(p.numel() for p in base.parameters())
     load_seconds = time.perf_counter() - started
     rss_after_load = vm_hwm_mib()
     hidden = base.config.hidden_size
@@ -203,7 +203,7 @@ def main():
         json.dumps(
             dict(
                 torch=torch.__version__,
-                params=params,
+                params=n_params,
                 peak_gflops=peak_gflops,
                 bandwidth_gbs=bandwidth_gbs,
                 threads=args.threads,
