@@ -184,19 +184,7 @@ fn gradient_accumulation_gives_the_same_update_as_whole_minibatches() {
         agent.value_head = Some(ValueHead::new(H, DType::F32, &Device::Cpu, 2).unwrap());
         agent
     };
-    let params = |agent: &Agent| -> Vec<Vec<f32>> {
-        agent
-            .named_trainable_vars()
-            .into_iter()
-            .map(|(_, v)| {
-                v.as_tensor()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
-            .collect()
-    };
+    let params = trainable_values;
     let train = |grad_accum: usize| {
         let agent = fresh();
         let cfg = PpoConfig {
@@ -252,19 +240,7 @@ fn an_update_from_generation_traces_equals_one_that_scores_again() {
         agent.value_head = Some(ValueHead::new(H, DType::F32, &Device::Cpu, 2).unwrap());
         agent
     };
-    let params = |agent: &Agent| -> Vec<f32> {
-        agent
-            .named_trainable_vars()
-            .into_iter()
-            .flat_map(|(_, v)| {
-                v.as_tensor()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
-            .collect()
-    };
+    let params = |agent: &Agent| trainable_values(agent).concat();
     let opts = GenerateOptions {
         max_new_tokens: 5,
         stop_tokens: vec![3, 7],
@@ -355,4 +331,19 @@ fn an_update_from_generation_traces_equals_one_that_scores_again() {
         traced_stats.kl
     );
     assert_ne!(moved, traced);
+}
+
+/// Every trainable tensor of `agent` (LoRA, value head), flattened, in the optimizer's order.
+fn trainable_values(agent: &Agent) -> Vec<Vec<f32>> {
+    agent
+        .named_trainable_vars()
+        .into_iter()
+        .map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
 }

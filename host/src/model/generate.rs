@@ -571,6 +571,18 @@ pub fn score(
     score_at_temperature(agent, pairs, pass, chunk, 1.0)
 }
 
+/// What every scoring entry point refuses: a temperature that is not finite, and a pair with
+/// an empty prompt or response.
+fn check_scoring(pairs: &[(Vec<u32>, Vec<u32>)], temperature: f64) -> Result<()> {
+    if !temperature.is_finite() {
+        bail!("score: temperature {temperature} is not finite");
+    }
+    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
+        bail!("score: every pair needs a non-empty prompt and response");
+    }
+    Ok(())
+}
+
 /// [`score`] with the logits divided by `temperature` first, as TRL's PPO does in its rollout
 /// and its update (for the policy and the reference alike): the log-probs, and the entropy,
 /// are those of the tempered distribution that sampled the responses, so PPO optimises the
@@ -583,15 +595,10 @@ pub fn score_at_temperature(
     chunk: usize,
     temperature: f64,
 ) -> Result<Scored> {
-    if !temperature.is_finite() {
-        bail!("score: temperature {temperature} is not finite");
-    }
+    check_scoring(pairs, temperature)?;
     let temperature = if temperature > 0.0 { temperature } else { 1.0 };
     if pairs.is_empty() {
         bail!("score: empty batch");
-    }
-    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
-        bail!("score: every pair needs a non-empty prompt and response");
     }
     let base = &agent.base;
     let dev = base.device();
@@ -681,12 +688,7 @@ pub fn score_shared_prefixes(
     temperature: f64,
     values: bool,
 ) -> Result<PrefixScored> {
-    if !temperature.is_finite() {
-        bail!("score: temperature {temperature} is not finite");
-    }
-    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
-        bail!("score: every pair needs a non-empty prompt and response");
-    }
+    check_scoring(pairs, temperature)?;
     let head = match (values, &agent.value_head) {
         (true, None) => bail!("score: values asked for, but the agent has no value head"),
         (true, Some(h)) => Some(h),
