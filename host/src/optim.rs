@@ -114,11 +114,25 @@ impl AdamW {
     }
 
     /// Global L2 norm of the pending gradients.
+    ///
+    /// Each tensor's sum of squares is taken where the tensor lives and all of them are read
+    /// back at once: on a GPU every read is a synchronisation, and an agent has hundreds of
+    /// trainable tensors. They are added in f64, in parameter order.
     pub fn grad_norm(&self) -> anyhow::Result<f64> {
-        let mut sq = 0.0f64;
-        for g in self.params.iter().filter_map(|p| p.grad.as_ref()) {
-            sq += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        let sums = self
+            .params
+            .iter()
+            .filter_map(|p| p.grad.as_ref())
+            .map(|g| g.sqr()?.sum_all()?.reshape(1))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        if sums.is_empty() {
+            return Ok(0.0);
         }
+        let sq: f64 = Tensor::cat(&sums, 0)?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .sum();
         Ok(sq.sqrt())
     }
 
@@ -322,6 +336,39 @@ mod tests {
 
     fn var(x: &[f32]) -> Var {
         Var::new(x, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_gradient_norm_adds_every_tensors_squares_in_f64() {
+        // Three tensors of different sizes with pending gradients and one without: the norm
+        // is the square root of all the squares, those of the tensor without none.
+        let (a, b, c, idle) = (
+            var(&[0.3, -1.7, 2.1]),
+            var(&[0.11, 0.5]),
+            var(&[4.0]),
+            var(&[9.0]),
+        );
+        let named = ["a", "b", "c", "idle"]
+            .iter()
+            .zip([&a, &b, &c, &idle])
+            .map(|(n, v)| (n.to_string(), (*v).clone()))
+            .collect();
+        let mut opt = AdamW::new(named, 0.01, AdamWConfig::default()).unwrap();
+        assert_eq!(opt.grad_norm().unwrap(), 0.0, "no gradient yet");
+        // d/dx of sum(x^2) is 2x, of sum(3x) is 3.
+        let loss = ((a.as_tensor().sqr().unwrap().sum_all().unwrap()
+            + b.as_tensor().sqr().unwrap().sum_all().unwrap())
+        .unwrap()
+            + (c.as_tensor() * 3.0).unwrap().sum_all().unwrap())
+        .unwrap();
+        opt.accumulate(&loss.backward().unwrap()).unwrap();
+        let want: f64 = [0.6f64, -3.4, 4.2, 0.22, 1.0, 3.0]
+            .iter()
+            .map(|g| g * g)
+            .sum::<f64>()
+            .sqrt();
+        let got = opt.grad_norm().unwrap();
+        assert!((got - want).abs() < 1e-6 * want, "{got} against {want}");
     }
 
     #[test]
