@@ -113,6 +113,67 @@ impl AdamW {
         Ok(())
     }
 
+    /// This backward pass's gradients as one flat f32 vector in parameter order, with one
+    /// byte per parameter saying whether it has a gradient (absent ones take no room): what
+    /// one rank sends the others in data-parallel training.
+    pub fn flatten(&self, grads: &GradStore) -> anyhow::Result<(Vec<u8>, Vec<f32>)> {
+        let (mut present, mut flat) = (Vec::with_capacity(self.params.len()), Vec::new());
+        for p in &self.params {
+            match grads.get(p.var.as_tensor()) {
+                Some(g) => {
+                    present.push(1);
+                    flat.extend(
+                        g.detach()
+                            .to_dtype(DType::F32)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?,
+                    );
+                }
+                None => present.push(0),
+            }
+        }
+        Ok((present, flat))
+    }
+
+    /// Adds gradients [`flatten`](Self::flatten) made (on this rank or another) to the
+    /// pending ones, exactly as [`accumulate`](Self::accumulate) adds a backward pass's.
+    pub fn accumulate_flat(&mut self, present: &[u8], flat: &[f32]) -> anyhow::Result<()> {
+        if present.len() != self.params.len() {
+            bail!(
+                "gradients of {} parameters, this optimizer has {}",
+                present.len(),
+                self.params.len()
+            );
+        }
+        let mut at = 0;
+        for (p, &has) in self.params.iter_mut().zip(present) {
+            if has == 0 {
+                continue;
+            }
+            let n = p.var.elem_count();
+            let Some(values) = flat.get(at..at + n) else {
+                bail!(
+                    "gradients end before parameter `{}` ({} values for {n} more)",
+                    p.name,
+                    flat.len() - at.min(flat.len())
+                );
+            };
+            at += n;
+            let g = Tensor::from_slice(values, p.var.shape(), p.var.device())?;
+            p.grad = Some(match p.grad.take() {
+                Some(acc) => (acc + g)?,
+                None => g,
+            });
+        }
+        if at != flat.len() {
+            bail!(
+                "{} gradient values for parameters of {at} values",
+                flat.len()
+            );
+        }
+        Ok(())
+    }
+
     /// Global L2 norm of the pending gradients.
     pub fn grad_norm(&self) -> anyhow::Result<f64> {
         let mut sq = 0.0f64;
@@ -282,6 +343,16 @@ impl AgentOptimizer {
     /// Adds `grads` (of one micro-batch's loss) to the gradients of the next step.
     pub fn accumulate(&mut self, grads: &GradStore) -> anyhow::Result<()> {
         self.adamw.accumulate(grads)
+    }
+
+    /// See [`AdamW::flatten`].
+    pub fn flatten(&self, grads: &GradStore) -> anyhow::Result<(Vec<u8>, Vec<f32>)> {
+        self.adamw.flatten(grads)
+    }
+
+    /// See [`AdamW::accumulate_flat`].
+    pub fn accumulate_flat(&mut self, present: &[u8], flat: &[f32]) -> anyhow::Result<()> {
+        self.adamw.accumulate_flat(present, flat)
     }
 
     /// One AdamW step on the accumulated gradients, clipped to `max_norm`; returns the
