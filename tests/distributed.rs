@@ -251,8 +251,8 @@ fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
         &two.join("checkpoints/final"),
     );
     let moments = tensor_gap(
-        &one.join("checkpoints/step-3"),
-        &two.join("checkpoints/step-3"),
+        &one.join("checkpoints/step-000003"),
+        &two.join("checkpoints/step-000003"),
     );
     assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
     eprintln!("np 2 against np 1: metrics within {gap}, weights within {weights}, moments within {moments}");
@@ -268,7 +268,7 @@ fn a_resume_needs_as_many_ranks_as_the_run_had() {
     let model = tiny_model(dir.path());
     let run = dir.path().join("run");
     train(Some(2), &run, &model, &["--stop-after", "1"]);
-    let state = std::fs::read_to_string(run.join("checkpoints/step-1/state.json")).unwrap();
+    let state = std::fs::read_to_string(run.join("checkpoints/step-000001/state.json")).unwrap();
     assert!(state.contains("\"ranks\": 2"), "{state}");
     let out = command(None, &run, &model, &["--resume"]).output().unwrap();
     assert!(!out.status.success());
@@ -388,7 +388,7 @@ fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
     assert!(!status.success(), "a job with a dead rank succeeded");
     eprintln!("the job ended {took:?} after rank 1 was killed");
     assert!(
-        run.join("checkpoints/step-1/state.json").is_file(),
+        run.join("checkpoints/step-000001/state.json").is_file(),
         "the last complete checkpoint"
     );
 

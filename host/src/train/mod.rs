@@ -598,7 +598,7 @@ impl Trainer {
     fn save_checkpoint(&self) -> anyhow::Result<PathBuf> {
         if self.world.rank() != 0 {
             self.world.barrier()?;
-            return Ok(self.checkpoints.dir().join(format!("step-{}", self.step)));
+            return Ok(self.checkpoints.dir().join(Checkpoints::name(self.step)));
         }
         let saved = self.write_checkpoint();
         if saved.is_ok() {
