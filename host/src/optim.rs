@@ -396,6 +396,59 @@ mod tests {
     }
 
     #[test]
+    fn gradients_sent_flat_and_added_in_order_are_the_ones_added_directly() {
+        // Two micro-batches' gradients, added directly on one optimizer and through
+        // flatten/accumulate_flat (what data-parallel ranks exchange) on another: the same
+        // bits, and a parameter no loss touched stays without a gradient.
+        let make = || {
+            let (a, b, idle) = (
+                var(&[0.3, -1.7, 2.1]),
+                var(&[0.11, 0.5]),
+                var(&[4.0]),
+            );
+            let named = vec![
+                ("a".to_string(), a.clone()),
+                ("b".to_string(), b.clone()),
+                ("idle".to_string(), idle),
+            ];
+            (AdamW::new(named, 0.01, AdamWConfig::default()).unwrap(), a, b)
+        };
+        let loss = |a: &Var, b: &Var, k: f64| {
+            ((a.as_tensor().sqr().unwrap().sum_all().unwrap() * k).unwrap()
+                + (b.as_tensor().exp().unwrap().sum_all().unwrap() * (1.0 / k)).unwrap())
+            .unwrap()
+        };
+        let (mut direct, a, b) = make();
+        let (mut sent, a2, b2) = make();
+        for k in [0.37, 1.9] {
+            direct.accumulate(&loss(&a, &b, k).backward().unwrap()).unwrap();
+            let (present, flat) = sent.flatten(&loss(&a2, &b2, k).backward().unwrap()).unwrap();
+            assert_eq!(present, vec![1, 1, 0]);
+            assert_eq!(flat.len(), 5);
+            sent.accumulate_flat(&present, &flat).unwrap();
+        }
+        let grads = |o: &AdamW| -> Vec<Option<Vec<f32>>> {
+            o.params
+                .iter()
+                .map(|p| p.grad.as_ref().map(|g| g.to_vec1::<f32>().unwrap()))
+                .collect()
+        };
+        assert_eq!(grads(&direct), grads(&sent));
+        assert!(grads(&sent)[2].is_none());
+        direct.step(1.0).unwrap();
+        sent.step(1.0).unwrap();
+        assert_eq!(
+            a.as_tensor().to_vec1::<f32>().unwrap(),
+            a2.as_tensor().to_vec1::<f32>().unwrap()
+        );
+        // Malformed gradients are refused, saying what is wrong.
+        let err = sent.accumulate_flat(&[1, 1], &[0.0; 5]).unwrap_err();
+        assert!(err.to_string().contains("gradients of 2 parameters, this optimizer has 3"));
+        let err = sent.accumulate_flat(&[1, 1, 0], &[0.0; 4]).unwrap_err();
+        assert!(err.to_string().contains("gradients end before parameter `b`"), "{err}");
+    }
+
+    #[test]
     fn first_step_moves_each_weight_by_lr_against_its_gradient_sign() {
         // With bias correction, AdamW's first update is lr·g/(|g|+eps) = lr·sign(g).
         let w = var(&[1.0, -2.0, 3.0]);

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::config::{KlEstimator, PpoConfig};
 use crate::distributed::{Single, World};
-use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace};
+use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace, PrefixScored};
 use crate::optim::AgentOptimizer;
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
@@ -321,7 +321,7 @@ pub fn ppo_step_in(
             aligned(&traces.iter().map(|t| &t.values[..]).collect::<Vec<_>>()),
         ),
         None => {
-            let old = score_shared_prefixes(agent, &pairs, cfg.chunk, temperature, true)
+            let old = score_sharded(world, agent, &pairs, cfg.chunk, temperature, true)
                 .context("scoring with the current policy")?;
             let values = old.values.expect("asked for");
             (
@@ -340,7 +340,7 @@ pub fn ppo_step_in(
             .collect::<Vec<_>>(),
     );
     // The reference once per sequence, each prefix the sequences share computed once.
-    let reference = score_shared_prefixes(reference, &pairs, cfg.chunk, temperature, false)
+    let reference = score_sharded(world, reference, &pairs, cfg.chunk, temperature, false)
         .context("scoring with the reference")?;
     let ref_lp = aligned(
         &reference
@@ -533,6 +533,84 @@ pub fn ppo_step_in(
     }
     kl_control.update(f64::from(kl_per_response), samples.len());
     Ok(stats)
+}
+
+/// [`score_shared_prefixes`] of `pairs` as one of `world`'s ranks: each rank scores its
+/// contiguous share of the pairs and every rank receives everyone's rows, in order (the
+/// prefixes shared across shares are computed once per rank that holds them).
+fn score_sharded(
+    world: &dyn World,
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    chunk: usize,
+    temperature: f64,
+    values: bool,
+) -> anyhow::Result<PrefixScored> {
+    if world.size() == 1 {
+        return Ok(score_shared_prefixes(
+            agent,
+            pairs,
+            chunk,
+            temperature,
+            values,
+        )?);
+    }
+    let mine = &pairs[crate::distributed::shard(pairs.len(), world.rank(), world.size())];
+    type Rows = Vec<Vec<u32>>;
+    let scored: (Rows, Option<Rows>, usize, usize) = if mine.is_empty() {
+        (Vec::new(), values.then(Vec::new), 0, 0)
+    } else {
+        let s = score_shared_prefixes(agent, mine, chunk, temperature, values)?;
+        let bits = |rows: Vec<Vec<f32>>| -> Rows {
+            rows.into_iter()
+                .map(|r| r.into_iter().map(f32::to_bits).collect())
+                .collect()
+        };
+        (
+            bits(s.logprobs),
+            s.values.map(bits),
+            s.computed,
+            s.positions,
+        )
+    };
+    let mut out = PrefixScored {
+        logprobs: Vec::with_capacity(pairs.len()),
+        values: values.then(|| Vec::with_capacity(pairs.len())),
+        computed: 0,
+        positions: 0,
+    };
+    let floats = |rows: Rows| -> Vec<Vec<f32>> {
+        rows.into_iter()
+            .map(|r| r.into_iter().map(f32::from_bits).collect())
+            .collect()
+    };
+    for (r, bytes) in world
+        .all_gather_bytes(&serde_json::to_vec(&scored)?)
+        .context("exchanging the scored shares of the batch")?
+        .iter()
+        .enumerate()
+    {
+        let (lp, v, computed, positions): (Rows, Option<Rows>, usize, usize) =
+            serde_json::from_slice(bytes)
+                .with_context(|| format!("rank {r}'s scores are not readable"))?;
+        out.logprobs.extend(floats(lp));
+        if let (Some(all), Some(v)) = (&mut out.values, v) {
+            all.extend(floats(v));
+        }
+        out.computed += computed;
+        out.positions += positions;
+    }
+    if out.logprobs.len() != pairs.len()
+        || out.values.as_ref().is_some_and(|v| v.len() != pairs.len())
+    {
+        bail!(
+            "the ranks scored {} of the batch's {} responses: they are not training on the \
+             same batch",
+            out.logprobs.len(),
+            pairs.len()
+        );
+    }
+    Ok(out)
 }
 
 /// Adds one micro-batch's weighted loss statistics ([`Part::stats`]'s order) to `stats`.
