@@ -547,13 +547,7 @@ fn score_sharded(
     values: bool,
 ) -> anyhow::Result<PrefixScored> {
     if world.size() == 1 {
-        return Ok(score_shared_prefixes(
-            agent,
-            pairs,
-            chunk,
-            temperature,
-            values,
-        )?);
+        return score_shared_prefixes(agent, pairs, chunk, temperature, values);
     }
     let mine = &pairs[crate::distributed::shard(pairs.len(), world.rank(), world.size())];
     type Rows = Vec<Vec<u32>>;
