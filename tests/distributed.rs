@@ -442,3 +442,44 @@ fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
     );
     eprintln!("the job ended {took:?} after it started");
 }
+
+#[test]
+fn ranks_that_do_not_run_the_same_config_stop_naming_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    // Two programs in one job (MPMD): the second rank's config has another seed.
+    let args = |seed: &str| -> Vec<String> {
+        command(None, &run, &model, &["--set", seed])
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    };
+    let bin = env!("CARGO_BIN_EXE_maporl");
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["--mca", "btl", "self,vader,tcp"])
+        .args(["--mca", "btl_tcp_if_include", "lo"])
+        .args(["-np", "1", bin])
+        .args(args("seed=0"))
+        .args([":", "-np", "1", bin])
+        .args(args("seed=1"))
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .env("MAPORL_COLLECTIVE_TIMEOUT", "120")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains(
+            "the ranks of this job do not run the same config (sha256 of the resolved config.toml)"
+        ) && said.contains("rank(s) [1]"),
+        "{said}"
+    );
+    assert!(!run.join("metrics.jsonl").exists(), "nothing was trained");
+}
