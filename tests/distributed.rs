@@ -17,6 +17,13 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
+/// One job at a time: each is two ranks on a 2-core machine, and the timing tests (the
+/// collective timeout, the bounded end of a job) must not see the others' load.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JOBS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-qwen2");
     std::fs::create_dir(&model).unwrap();
@@ -220,6 +227,7 @@ fn tensor_gap(a: &Path, b: &Path) -> f32 {
 
 #[test]
 fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
+    let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let one = dir.path().join("one");
@@ -266,6 +274,7 @@ fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
 
 #[test]
 fn a_resume_needs_as_many_ranks_as_the_run_had() {
+    let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let run = dir.path().join("run");
@@ -355,6 +364,7 @@ fn wait_bounded(
     ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
 )]
 fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
+    let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let every = ["--set", "train.checkpoint_every=1"];
@@ -416,6 +426,7 @@ fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
     ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
 )]
 fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
+    let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let run = dir.path().join("hung");
@@ -445,6 +456,7 @@ fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
 
 #[test]
 fn ranks_that_do_not_run_the_same_config_stop_naming_what_differs() {
+    let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let run = dir.path().join("run");
