@@ -495,3 +495,47 @@ fn ranks_that_do_not_run_the_same_config_stop_naming_what_differs() {
     );
     assert!(!run.join("metrics.jsonl").exists(), "nothing was trained");
 }
+
+#[test]
+fn sigusr1_to_mpirun_checkpoints_every_rank_after_the_same_step_and_resume_is_exact() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let four = ["--set", "train.steps=4"];
+    let whole = dir.path().join("whole");
+    train(Some(2), &whole, &model, &four);
+
+    let run = dir.path().join("stopped");
+    let mut cmd = command(Some(2), &run, &model, &four);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let job = cmd.spawn().unwrap();
+    let start = Instant::now();
+    while !std::fs::read_to_string(run.join("metrics.jsonl")).is_ok_and(|m| !m.is_empty()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no step finished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = Command::new("kill")
+        .args(["-USR1", &job.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = job.wait_with_output().unwrap();
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("continue with --resume"), "{said}");
+    let stopped_at = metrics(&run).len();
+    assert!(stopped_at < 4, "stopped early: {said}");
+
+    train(Some(2), &run, &model, &["--resume", four[0], four[1]]);
+    assert_eq!(comparable(&metrics(&run)), comparable(&metrics(&whole)));
+    assert_eq!(
+        tensor_gap(
+            &run.join("checkpoints/final"),
+            &whole.join("checkpoints/final")
+        ),
+        0.0
+    );
+}

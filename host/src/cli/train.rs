@@ -31,6 +31,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         allow_plugin_change: args.allow_plugin_change,
     };
     let stop = super::interrupt::interrupt_flag();
+    if maporl::distributed::world().size() > 1 {
+        super::interrupt::stop_on_sigusr1(stop.clone());
+    }
     // Under mpirun, rank 0 speaks for the run; the other ranks work quietly.
     let leader = maporl::distributed::world().rank() == 0;
     let (mut bars, mut quiet) = (Bars::default(), maporl::session::Quiet);
