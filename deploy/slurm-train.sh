@@ -15,6 +15,9 @@
 #SBATCH --cpus-per-task=16
 #SBATCH --time=24:00:00
 #SBATCH --output=maporl-%j.out
+# Ten minutes before the time limit Slurm sends SIGUSR1 to every rank: they checkpoint after
+# the same step and stop (continue with --resume). `scancel --signal=USR1 JOB` does the same.
+#SBATCH --signal=USR1@600
 set -euo pipefail
 config=${1:?usage: sbatch deploy/slurm-train.sh CONFIG [maporl train args]}
 shift
