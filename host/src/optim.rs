@@ -401,17 +401,17 @@ mod tests {
         // flatten/accumulate_flat (what data-parallel ranks exchange) on another: the same
         // bits, and a parameter no loss touched stays without a gradient.
         let make = || {
-            let (a, b, idle) = (
-                var(&[0.3, -1.7, 2.1]),
-                var(&[0.11, 0.5]),
-                var(&[4.0]),
-            );
+            let (a, b, idle) = (var(&[0.3, -1.7, 2.1]), var(&[0.11, 0.5]), var(&[4.0]));
             let named = vec![
                 ("a".to_string(), a.clone()),
                 ("b".to_string(), b.clone()),
                 ("idle".to_string(), idle),
             ];
-            (AdamW::new(named, 0.01, AdamWConfig::default()).unwrap(), a, b)
+            (
+                AdamW::new(named, 0.01, AdamWConfig::default()).unwrap(),
+                a,
+                b,
+            )
         };
         let loss = |a: &Var, b: &Var, k: f64| {
             ((a.as_tensor().sqr().unwrap().sum_all().unwrap() * k).unwrap()
@@ -421,8 +421,12 @@ mod tests {
         let (mut direct, a, b) = make();
         let (mut sent, a2, b2) = make();
         for k in [0.37, 1.9] {
-            direct.accumulate(&loss(&a, &b, k).backward().unwrap()).unwrap();
-            let (present, flat) = sent.flatten(&loss(&a2, &b2, k).backward().unwrap()).unwrap();
+            direct
+                .accumulate(&loss(&a, &b, k).backward().unwrap())
+                .unwrap();
+            let (present, flat) = sent
+                .flatten(&loss(&a2, &b2, k).backward().unwrap())
+                .unwrap();
             assert_eq!(present, vec![1, 1, 0]);
             assert_eq!(flat.len(), 5);
             sent.accumulate_flat(&present, &flat).unwrap();
@@ -443,9 +447,15 @@ mod tests {
         );
         // Malformed gradients are refused, saying what is wrong.
         let err = sent.accumulate_flat(&[1, 1], &[0.0; 5]).unwrap_err();
-        assert!(err.to_string().contains("gradients of 2 parameters, this optimizer has 3"));
+        assert!(err
+            .to_string()
+            .contains("gradients of 2 parameters, this optimizer has 3"));
         let err = sent.accumulate_flat(&[1, 1, 0], &[0.0; 4]).unwrap_err();
-        assert!(err.to_string().contains("gradients end before parameter `b`"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("gradients end before parameter `b`"),
+            "{err}"
+        );
     }
 
     #[test]
