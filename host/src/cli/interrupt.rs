@@ -27,6 +27,36 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     .clone()
 }
 
+/// Set by SIGUSR1 (async-signal-safe: the handler only stores).
+static USR1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    USR1.store(true, Ordering::SeqCst);
+}
+
+/// Under mpirun, Ctrl-C ends the whole job at once (mpirun kills its ranks on SIGINT), so
+/// the request to checkpoint and stop is SIGUSR1, which `mpirun` (and Slurm's `scancel
+/// --signal=USR1`) passes on to every rank: it sets `flag` as a first Ctrl-C would, and the
+/// ranks agree to stop after the same step.
+pub(crate) fn stop_on_sigusr1(flag: Arc<AtomicBool>) {
+    // SAFETY: the handler is async-signal-safe (one atomic store).
+    let previous =
+        unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+    if previous == libc::SIG_ERR {
+        tracing::warn!("cannot catch SIGUSR1; `kill -USR1` will not checkpoint the run");
+        return;
+    }
+    std::thread::spawn(move || loop {
+        if USR1.load(Ordering::SeqCst) {
+            if !flag.swap(true, Ordering::SeqCst) {
+                eprintln!("SIGUSR1: checkpointing after this step");
+            }
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,6 +90,27 @@ enum DataCommand {
 pub fn main() -> i32 {
     logging::init();
     let cli = Cli::parse();
+    // Under mpirun/srun: `train` joins the launcher's world (one run over N processes);
+    // other commands run in one process only.
+    let world = match maporl::distributed::launched_size() {
+        Some(n) if n > 1 => {
+            let joined = match &cli.command {
+                Command::Train(_) => maporl::distributed::timeout_from_env()
+                    .and_then(maporl::distributed::init),
+                _ => Err(anyhow::anyhow!(
+                    "started as one of {n} processes (under mpirun or srun), but only                      `maporl train` runs over several processes; run this command without                      mpirun"
+                )),
+            };
+            match joined {
+                Ok(w) => Some(w),
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    return 1;
+                }
+            }
+        }
+        _ => None,
+    };
     let result = match cli.command {
         Command::Plugin(cmd) => plugin::run(cmd),
         Command::Bundle(cmd) => bundle::run(cmd),
@@ -105,12 +126,21 @@ pub fn main() -> i32 {
         Command::WarmStart(args) => warm_start::run(args),
         Command::Serve(args) => serve::run(args),
     };
-    match result {
-        Ok(()) => 0,
-        Err(err) => {
-            eprintln!("error: {err}");
+    match (result, world) {
+        (Ok(()), None) => 0,
+        (Ok(()), Some(w)) => {
+            w.finalize();
+            0
+        }
+        (Err(err), w) => {
+            let who = w.map_or(String::new(), |w| format!(" (rank {})", w.rank()));
+            eprintln!("error{who}: {err}");
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
+            }
+            // The other ranks may be waiting for this one in a collective: end them all.
+            if let Some(w) = w {
+                w.abort(1);
             }
             1
         }

@@ -31,7 +31,18 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         allow_plugin_change: args.allow_plugin_change,
     };
     let stop = super::interrupt::interrupt_flag();
-    match maporl::train::run(config, &opts, &mut Bars::default(), &stop)? {
+    if maporl::distributed::world().size() > 1 {
+        super::interrupt::stop_on_sigusr1(stop.clone());
+    }
+    // Under mpirun, rank 0 speaks for the run; the other ranks work quietly.
+    let leader = maporl::distributed::world().rank() == 0;
+    let (mut bars, mut quiet) = (Bars::default(), maporl::session::Quiet);
+    let progress: &mut dyn maporl::session::Progress = if leader { &mut bars } else { &mut quiet };
+    let outcome = maporl::train::run(config, &opts, progress, &stop)?;
+    if !leader {
+        return Ok(());
+    }
+    match outcome {
         Outcome::Evaluated(evaluation) => print_evaluation(&evaluation),
         Outcome::Stopped {
             step,

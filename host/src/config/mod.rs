@@ -41,6 +41,29 @@ pub struct Config {
     /// `maporl warm-start`: how the tiny model at `model.path` is made (none: the model
     /// exists already).
     pub warm_start: Option<WarmStartConfig>,
+    /// One run over several processes (`mpirun -np N maporl train`); none: one process.
+    pub distributed: Option<DistributedConfig>,
+}
+
+/// `[distributed]`: how a run started under `mpirun -np N` splits its work.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributedConfig {
+    pub placement: Placement,
+}
+
+/// Where the work of a run on several ranks goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Every rank holds the whole team; each step's debates are split between the ranks,
+    /// and every update is the one a single process would make on the whole batch. Each
+    /// response draws from a random stream of its own (seeded by seed, step, task, agent,
+    /// turn), so the debates do not depend on how many ranks share them.
+    #[default]
+    Data,
+    /// Rank r holds agent r's model only. Not implemented yet: refused by validation.
+    Agents,
 }
 
 /// A tiny decoder the project trains from scratch on the config's task before MAPoRL
@@ -589,6 +612,25 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        if let Some(d) = &self.distributed {
+            if d.placement == Placement::Agents {
+                bail!(
+                    "distributed.placement = \"agents\" (one agent per rank) is not \
+                     implemented in this maporl yet; use \"data\""
+                );
+            }
+            if self.train.mode == TrainMode::Sft || self.train.mode == TrainMode::OffTheShelf {
+                bail!(
+                    "[distributed] is for train.mode = \"maporl\" or \"single\"; train.mode \
+                     = \"{}\" runs in one process (remove [distributed])",
+                    if self.train.mode == TrainMode::Sft {
+                        "sft"
+                    } else {
+                        "off-the-shelf"
+                    }
+                );
+            }
+        }
         for (slot, p) in [
             ("protocol", &self.plugins.protocol),
             ("verifier", &self.plugins.verifier),

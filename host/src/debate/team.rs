@@ -38,6 +38,9 @@ pub struct ModelTeam {
     batch_size: usize,
     /// Paired draws' seed ([`ModelTeam::pair_draws`]).
     paired: Option<u64>,
+    /// Whether learners record their policy traces under paired draws (training with
+    /// [`ModelTeam::draw_per_request`]; evaluations record nothing).
+    trace_paired: bool,
 }
 
 /// Sampling and batching of a [`ModelTeam`].
@@ -96,6 +99,7 @@ impl ModelTeam {
             samplers,
             adapters_from_turn: 1,
             paired: None,
+            trace_paired: false,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
         })
@@ -258,7 +262,9 @@ impl ModelTeam {
                 // A learner speaking with its adapter records what PPO needs of its tokens
                 // as it generates them, at the temperature it samples (and PPO scores) at;
                 // evaluations (paired draws) train on nothing and record nothing.
-                let traced = adapted && agent.value_head.is_some() && self.paired.is_none();
+                let traced = adapted
+                    && agent.value_head.is_some()
+                    && (self.paired.is_none() || self.trace_paired);
                 speakers.push(model::Speaker {
                     agent,
                     prompts: &prompts[k][first..first + n],
@@ -301,6 +307,16 @@ impl ModelTeam {
     /// should not hold one task id twice (`maporl compare` refuses that too).
     pub fn pair_draws(&mut self, seed: Option<u64>) {
         self.paired = seed;
+        self.trace_paired = false;
+    }
+
+    /// For training split between ranks (`distributed.placement = "data"`): every response
+    /// draws from a stream of its own, as with [`pair_draws`](Self::pair_draws), so a
+    /// debate's draws do not depend on which other debates share its rank; learners record
+    /// their policy traces for PPO as without it. `None` goes back to the team's samplers.
+    pub fn draw_per_request(&mut self, seed: Option<u64>) {
+        self.paired = seed;
+        self.trace_paired = seed.is_some();
     }
 }
 

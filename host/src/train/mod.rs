@@ -24,13 +24,14 @@ use serde::Serialize;
 
 use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::{Config, Schedule, TrainMode, ValueHeads};
-use crate::debate::{self, Debate, PluginHashes};
+use crate::debate::{self, Debate, PluginHashes, Rollout};
+use crate::distributed::{self as dist, World};
 use crate::eval::Report;
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
 use crate::optim::{learning_rate, AgentOptimizer};
 use crate::session::{held_out, tasks, Progress, Session};
 use crate::transcript::Task;
-use ppo::{ppo_step, Batch, KlController, Sample, StepStats};
+use ppo::{ppo_step_in, Batch, KlController, Sample, StepStats};
 
 /// How a training run starts and when it stops early.
 #[derive(Clone, Debug, Default)]
@@ -73,6 +74,18 @@ pub fn run(
     progress: &mut dyn Progress,
     stop: &AtomicBool,
 ) -> anyhow::Result<Outcome> {
+    let ranks = dist::world().size();
+    if ranks > 1 && matches!(config.train.mode, TrainMode::OffTheShelf | TrainMode::Sft) {
+        bail!(
+            "train.mode = \"{}\" runs in one process, but this one was started on {ranks} \
+             (mpirun -np {ranks}); run it without mpirun",
+            if config.train.mode == TrainMode::Sft {
+                "sft"
+            } else {
+                "off-the-shelf"
+            }
+        );
+    }
     match config.train.mode {
         TrainMode::OffTheShelf => {
             if opts.resume {
@@ -128,6 +141,9 @@ struct Metrics {
     resident_mib: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_resident_mib: Option<u64>,
+    /// On several ranks: the bytes this rank sent through collectives during the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    collective_bytes: Option<u64>,
 }
 
 /// One learning agent's training state.
@@ -157,6 +173,11 @@ struct Trainer {
     cursor: usize,
     metrics_lines: usize,
     plugin_hashes: PluginHashes,
+    /// The ranks of this run (`mpirun -np N`; a world of one without it). With more than
+    /// one, or with `[distributed]`, each step's debates are split between them
+    /// (`data_parallel`); rank 0 alone writes the run directory.
+    world: &'static dyn World,
+    data_parallel: bool,
 }
 
 impl Trainer {
@@ -167,6 +188,18 @@ impl Trainer {
     ) -> anyhow::Result<Trainer> {
         let run_dir = PathBuf::from(&config.run_dir);
         let checkpoints = Checkpoints::new(&run_dir);
+        let world = dist::world();
+        let data_parallel = config.distributed.is_some();
+        if world.size() > 1 && !data_parallel {
+            bail!(
+                "this run was started on {} processes (mpirun -np {}), but its config has no \
+                 [distributed] table: add `[distributed]` with `placement = \"data\"`, or run \
+                 it without mpirun",
+                world.size(),
+                world.size()
+            );
+        }
+        let leader = world.rank() == 0;
         let resume_from = if args.resume {
             state::check_config(&run_dir, &config)?;
             let latest = checkpoints.latest()?.with_context(|| {
@@ -202,6 +235,27 @@ impl Trainer {
         }
         let cfg = session.config.clone();
         let plugin_hashes = PluginHashes::of(&session.plugins);
+        if world.size() > 1 {
+            use sha2::Digest as _;
+            dist::check_agreement(
+                world,
+                &[
+                    ("maporl binary (sha256)", dist::binary_sha256()?),
+                    (
+                        "config (sha256 of the resolved config.toml)",
+                        hex::encode(sha2::Sha256::digest(cfg.to_toml().as_bytes())),
+                    ),
+                    (
+                        "plugins (protocol, verifier, shaper sha256)",
+                        format!(
+                            "{}, {}, {}",
+                            plugin_hashes.protocol, plugin_hashes.verifier, plugin_hashes.shaper
+                        ),
+                    ),
+                ],
+            )
+            .context("checking that every rank runs the same run")?;
+        }
         let learner_ids: Vec<u32> = match cfg.train.mode {
             TrainMode::Single => vec![0],
             _ => (0..cfg.debate.agents).collect(),
@@ -219,10 +273,13 @@ impl Trainer {
         for change in changes {
             tracing::warn!("resuming with a changed plugin: {change}");
         }
-        if resume_from.is_none() {
-            session.start_run_dir(&run_dir)?;
-        } else {
-            session.lock.write(&run_dir)?;
+        // Rank 0 is the one writer; the others wait until the run directory exists.
+        if leader {
+            if resume_from.is_none() {
+                session.start_run_dir(&run_dir)?;
+            } else {
+                session.lock.write(&run_dir)?;
+            }
         }
         let mut trainer = Trainer {
             session,
@@ -236,14 +293,18 @@ impl Trainer {
             metrics_lines: 0,
             plugin_hashes,
             run_dir,
+            world,
+            data_parallel,
         };
         match resume_from {
             Some((_, dir)) => trainer.restore(&dir, args.allow_plugin_change, progress)?,
-            None => {
+            None if leader => {
                 std::fs::File::create(trainer.metrics_path())
                     .with_context(|| format!("creating {}", trainer.metrics_path().display()))?;
             }
+            None => {}
         }
+        world.barrier()?;
         Ok(trainer)
     }
 
@@ -258,16 +319,24 @@ impl Trainer {
         stop_after: Option<usize>,
     ) -> anyhow::Result<Outcome> {
         let steps = self.cfg.train.steps;
-        let mut metrics_file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(self.metrics_path())
-            .with_context(|| format!("opening {}", self.metrics_path().display()))?;
-        // A resumed run's events start again at the first step it redoes (metrics lines
-        // count steps from 0, so that is the number of steps done).
-        let resume_at = (self.step > 0).then_some(self.step as i64);
-        let mut events = crate::tensorboard::EventWriter::create(&self.run_dir, resume_at)?;
+        let leader = self.world.rank() == 0;
+        // Rank 0 writes the metrics and events; the other ranks compute the same lines.
+        let mut outputs = if leader {
+            let metrics_file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(self.metrics_path())
+                .with_context(|| format!("opening {}", self.metrics_path().display()))?;
+            // A resumed run's events start again at the first step it redoes (metrics lines
+            // count steps from 0, so that is the number of steps done).
+            let resume_at = (self.step > 0).then_some(self.step as i64);
+            let events = crate::tensorboard::EventWriter::create(&self.run_dir, resume_at)?;
+            Some((metrics_file, events))
+        } else {
+            None
+        };
         let every = self.cfg.train.checkpoint_every;
-        if self.step == 0 && !self.held.is_empty() {
+        // The held-out evaluations run on rank 0 alone (every rank holds the same team).
+        if leader && self.step == 0 && !self.held.is_empty() {
             evaluate::held_out(
                 &mut self.session,
                 &self.held,
@@ -280,18 +349,23 @@ impl Trainer {
         progress.begin("training", steps as u64, self.step as u64);
         while self.step < steps {
             let line = self.train_step()?;
-            serde_json::to_writer(&mut metrics_file, &line)?;
-            metrics_file.write_all(b"\n")?;
-            metrics_file.flush()?;
-            let scalars = crate::tensorboard::scalars_of(
-                &serde_json::to_value(&line)?,
-                "",
-                &["step", "trained_turns"],
-            );
-            events.scalars(line.step as i64, &scalars)?;
+            if let Some((metrics_file, events)) = &mut outputs {
+                serde_json::to_writer(&mut *metrics_file, &line)?;
+                metrics_file.write_all(b"\n")?;
+                metrics_file.flush()?;
+                let scalars = crate::tensorboard::scalars_of(
+                    &serde_json::to_value(&line)?,
+                    "",
+                    &["step", "trained_turns"],
+                );
+                events.scalars(line.step as i64, &scalars)?;
+            }
             self.metrics_lines += 1;
             progress.advance(1);
-            let interrupted = stop.load(Ordering::SeqCst);
+            // A stop request on any rank stops every rank after the same step.
+            let mut flag = [f32::from(u8::from(stop.load(Ordering::SeqCst)))];
+            self.world.all_reduce_sum(&mut flag)?;
+            let interrupted = flag[0] > 0.0;
             let stopping = interrupted || stop_after.is_some_and(|n| self.step >= n);
             if stopping || (every > 0 && self.step.is_multiple_of(every)) || self.step == steps {
                 let checkpoint = self.save_checkpoint()?;
@@ -307,6 +381,14 @@ impl Trainer {
         }
         progress.end();
         let adapters = self.run_dir.join("checkpoints/final");
+        if !leader {
+            return Ok(Outcome::Trained {
+                steps,
+                metrics: self.metrics_path(),
+                adapters,
+                held_out: None,
+            });
+        }
         self.export_adapters(&adapters)?;
         let held_out = if self.held.is_empty() {
             None
@@ -357,15 +439,30 @@ impl Trainer {
             .with_context(|| format!("restarting the plugins for step {step}"))?;
         let on_error = self.session.on_error();
         let started = Instant::now();
-        let rollout = debate::run(
+        let sent_before = self.world.bytes_sent();
+        let (world, size) = (self.world, self.world.size());
+        let mine = if self.data_parallel {
+            // Each response its own stream, so a debate is the same whichever rank holds it.
+            self.session
+                .team
+                .draw_per_request(Some(cfg.seed ^ ((step as u64 + 1) << 24)));
+            &chunk[dist::shard(chunk.len(), world.rank(), size)]
+        } else {
+            &chunk[..]
+        };
+        let mut rollout = debate::run(
             &mut self.session.plugins,
             &mut self.session.team,
-            &chunk,
+            mine,
             cfg.debate.agents,
             cfg.debate.turns,
             on_error,
         )
         .with_context(|| format!("debates of step {step}"))?;
+        if size > 1 {
+            rollout = gather_rollout(world, rollout)
+                .with_context(|| format!("gathering the debates of step {step}"))?;
+        }
         let rollout_seconds = started.elapsed().as_secs_f64();
 
         let started = Instant::now();
@@ -388,7 +485,8 @@ impl Trainer {
             // PPO scores the responses at the temperature that sampled them.
             let temperature = cfg.agent_sampling(l.agent as usize).temperature;
             let stats = if l.turn_heads.is_empty() {
-                ppo_step(
+                ppo_step_in(
+                    world,
                     agent,
                     &l.reference,
                     &mut l.optimizer,
@@ -423,7 +521,8 @@ impl Trainer {
                         value_head: Some(l.turn_heads[turn as usize - 1].clone()),
                         weights: agent.weights.clone(),
                     };
-                    let s = ppo_step(
+                    let s = ppo_step_in(
+                        world,
                         &view,
                         &l.reference,
                         &mut l.optimizer,
@@ -490,11 +589,25 @@ impl Trainer {
             update_tokens_per_second: update_tokens as f64 / update_seconds.max(1e-9),
             resident_mib: memory.map(|m| m.now),
             peak_resident_mib: memory.map(|m| m.peak),
+            collective_bytes: (size > 1).then(|| world.bytes_sent() - sent_before),
         })
     }
 
-    /// Writes a checkpoint of the run as it stands after `self.step` steps.
+    /// Writes a checkpoint of the run as it stands after `self.step` steps: rank 0 writes
+    /// it (every rank holds the same agents), the others wait until it is complete.
     fn save_checkpoint(&self) -> anyhow::Result<PathBuf> {
+        if self.world.rank() != 0 {
+            self.world.barrier()?;
+            return Ok(self.checkpoints.dir().join(Checkpoints::name(self.step)));
+        }
+        let saved = self.write_checkpoint();
+        if saved.is_ok() {
+            self.world.barrier()?;
+        }
+        saved
+    }
+
+    fn write_checkpoint(&self) -> anyhow::Result<PathBuf> {
         let keep = self.cfg.train.keep_checkpoints;
         self.checkpoints
             .save(self.step, keep, |dir| {
@@ -520,6 +633,7 @@ impl Trainer {
                             optimizer_steps: l.optimizer.steps(),
                         })
                         .collect(),
+                    ranks: self.world.size(),
                 };
                 st.write(dir)
             })
@@ -553,6 +667,17 @@ impl Trainer {
         progress: &mut dyn Progress,
     ) -> anyhow::Result<()> {
         let st = state::TrainState::read(dir)?;
+        if st.ranks != self.world.size() {
+            bail!(
+                "cannot resume from {}: it was written by a run on {} process(es), this run has \
+                 {}; resume it with `mpirun -np {}` (or without mpirun for 1), since the \
+                 debates' split and the updates' order depend on the number of ranks",
+                dir.display(),
+                st.ranks,
+                self.world.size(),
+                st.ranks
+            );
+        }
         if st.plugins != self.plugin_hashes && !allow_plugin_change {
             bail!(
                 "{}",
@@ -590,7 +715,9 @@ impl Trainer {
         self.step = st.step;
         self.cursor = st.data_cursor;
         self.metrics_lines = st.metrics_lines;
-        crate::checkpoint::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
+        if self.world.rank() == 0 {
+            crate::checkpoint::truncate_lines(&self.metrics_path(), st.metrics_lines)?;
+        }
         progress.note(&format!(
             "resuming after step {} of {} from {}",
             st.step,
@@ -684,6 +811,85 @@ fn new_learner(
         reference: Agent::new(base),
         kl,
         turn_heads,
+    })
+}
+
+/// One rank's debates as the others receive them: the debate and each speech's token ids
+/// and policy trace (which transcripts leave out), floats as their bits.
+#[derive(Serialize, serde::Deserialize)]
+struct SharedDebate {
+    debate: Debate,
+    ids: Vec<SharedIds>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct SharedIds {
+    prompt: Vec<u32>,
+    response: Vec<u32>,
+    /// temperature, log-probs and values (`f32::to_bits`).
+    policy: Option<(f64, Vec<u32>, Vec<u32>)>,
+}
+
+/// Every rank's debates of a step, in rank order (the order of the step's tasks), on every
+/// rank: the rollout one process would have made of the whole batch. The times stay this
+/// rank's.
+fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout> {
+    let shared: Vec<SharedDebate> = rollout
+        .debates
+        .into_iter()
+        .map(|d| SharedDebate {
+            ids: d
+                .speeches
+                .iter()
+                .map(|s| SharedIds {
+                    prompt: s.ids.prompt.clone(),
+                    response: s.ids.response.clone(),
+                    policy: s.ids.policy.as_ref().map(|t| {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
+                        (t.temperature, bits(&t.logprobs), bits(&t.values))
+                    }),
+                })
+                .collect(),
+            debate: d,
+        })
+        .collect();
+    let mut debates = Vec::new();
+    for (r, bytes) in world
+        .all_gather_bytes(&serde_json::to_vec(&shared)?)?
+        .iter()
+        .enumerate()
+    {
+        let theirs: Vec<SharedDebate> = serde_json::from_slice(bytes)
+            .with_context(|| format!("rank {r}'s debates are not readable"))?;
+        for SharedDebate { mut debate, ids } in theirs {
+            if ids.len() != debate.speeches.len() {
+                bail!(
+                    "rank {r} sent {} speeches' token ids for {} speeches",
+                    ids.len(),
+                    debate.speeches.len()
+                );
+            }
+            for (s, i) in debate.speeches.iter_mut().zip(ids) {
+                let floats = |v: Vec<u32>| v.into_iter().map(f32::from_bits).collect();
+                s.ids = debate::TokenIds {
+                    prompt: i.prompt,
+                    response: i.response,
+                    policy: i
+                        .policy
+                        .map(|(temperature, lp, v)| crate::model::PolicyTrace {
+                            temperature,
+                            logprobs: floats(lp),
+                            values: floats(v),
+                        }),
+                };
+            }
+            debates.push(debate);
+        }
+    }
+    Ok(Rollout {
+        debates,
+        plugin_time: rollout.plugin_time,
+        team_time: rollout.team_time,
     })
 }
 

@@ -20,7 +20,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 pub use crate::config::{KlEstimator, PpoConfig};
-use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace};
+use crate::distributed::{Single, World};
+use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace, PrefixScored};
 use crate::optim::AgentOptimizer;
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
@@ -205,6 +206,90 @@ pub fn ppo_step(
     cfg: &PpoConfig,
     seed: u64,
 ) -> anyhow::Result<StepStats> {
+    ppo_step_in(
+        &Single, agent, reference, optimizer, batch, kl_control, cfg, seed,
+    )
+}
+
+/// One rank's micro-batch of a data-parallel update: its place in the minibatch, its
+/// weighted loss statistics (policy, value, entropy, approx. KL, clip fraction) and its
+/// gradients ([`AgentOptimizer::flatten`]).
+struct Part {
+    index: u32,
+    stats: [f32; 5],
+    present: Vec<u8>,
+    grads: Vec<f32>,
+}
+
+impl Part {
+    fn encode(parts: &[Part]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend((parts.len() as u32).to_le_bytes());
+        for p in parts {
+            out.extend(p.index.to_le_bytes());
+            out.extend(p.stats.iter().flat_map(|v| v.to_le_bytes()));
+            out.extend((p.present.len() as u32).to_le_bytes());
+            out.extend(&p.present);
+            out.extend((p.grads.len() as u64).to_le_bytes());
+            out.extend(p.grads.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8], rank: usize) -> anyhow::Result<Vec<Part>> {
+        let mut at = 0;
+        let mut take = |n: usize| -> anyhow::Result<&[u8]> {
+            let s = bytes.get(at..at + n).with_context(|| {
+                format!("rank {rank}'s gradients end after {} bytes", bytes.len())
+            })?;
+            at += n;
+            Ok(s)
+        };
+        let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let f32s = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let n = u32_of(take(4)?);
+        let mut parts = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let index = u32_of(take(4)?);
+            let s = f32s(take(20)?);
+            let np = u32_of(take(4)?) as usize;
+            let present = take(np)?.to_vec();
+            let b = take(8)?;
+            let ng = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+            let grads = f32s(take(ng as usize * 4)?);
+            parts.push(Part {
+                index,
+                stats: [s[0], s[1], s[2], s[3], s[4]],
+                present,
+                grads,
+            });
+        }
+        Ok(parts)
+    }
+}
+
+/// [`ppo_step`] as one of `world`'s ranks (data-parallel; a world of one is `ppo_step`).
+/// Every rank passes the same whole batch; each computes the losses and gradients of the
+/// micro-batches it owns (the j-th of a minibatch belongs to rank j mod size); before each
+/// AdamW step the ranks exchange them and every rank adds them in the micro-batches' order,
+/// as one process adds its own, so every rank makes the update one process would make on
+/// the whole batch, to the bit, and the agents stay identical across ranks.
+#[allow(clippy::too_many_arguments)]
+pub fn ppo_step_in(
+    world: &dyn World,
+    agent: &Agent,
+    reference: &Agent,
+    optimizer: &mut AgentOptimizer,
+    batch: Batch,
+    kl_control: &mut KlController,
+    cfg: &PpoConfig,
+    seed: u64,
+) -> anyhow::Result<StepStats> {
+    let (rank, size) = (world.rank(), world.size());
     let Batch {
         samples,
         temperature,
@@ -236,7 +321,7 @@ pub fn ppo_step(
             aligned(&traces.iter().map(|t| &t.values[..]).collect::<Vec<_>>()),
         ),
         None => {
-            let old = score_shared_prefixes(agent, &pairs, cfg.chunk, temperature, true)
+            let old = score_sharded(world, agent, &pairs, cfg.chunk, temperature, true)
                 .context("scoring with the current policy")?;
             let values = old.values.expect("asked for");
             (
@@ -255,7 +340,7 @@ pub fn ppo_step(
             .collect::<Vec<_>>(),
     );
     // The reference once per sequence, each prefix the sequences share computed once.
-    let reference = score_shared_prefixes(reference, &pairs, cfg.chunk, temperature, false)
+    let reference = score_sharded(world, reference, &pairs, cfg.chunk, temperature, false)
         .context("scoring with the reference")?;
     let ref_lp = aligned(
         &reference
@@ -320,7 +405,11 @@ pub fn ppo_step(
             if shapes_to.is_some() {
                 optimizer_steps.push(parts.clone());
             }
-            for part in &parts {
+            let mut mine: Vec<Part> = Vec::new();
+            for (j, part) in parts.iter().enumerate() {
+                if size > 1 && j % size != rank {
+                    continue;
+                }
                 let share = part
                     .iter()
                     .map(|&i| samples[i].response.len())
@@ -370,14 +459,55 @@ pub fn ppo_step(
                     );
                 }
                 let started = Instant::now();
-                optimizer.accumulate(&(loss * share)?.backward()?)?;
-                backward += started.elapsed();
+                let grads = (loss * share)?.backward()?;
                 let share = share as f32;
-                stats.policy_loss += share * pg.to_scalar::<f32>()?;
-                stats.value_loss += share * vf.to_scalar::<f32>()?;
-                stats.entropy += share * entropy.to_scalar::<f32>()?;
-                stats.approx_kl += share * loss_stats.approx_kl;
-                stats.clip_fraction += share * loss_stats.clip_fraction;
+                let part_stats = [
+                    share * pg.to_scalar::<f32>()?,
+                    share * vf.to_scalar::<f32>()?,
+                    share * entropy.to_scalar::<f32>()?,
+                    share * loss_stats.approx_kl,
+                    share * loss_stats.clip_fraction,
+                ];
+                if size == 1 {
+                    optimizer.accumulate(&grads)?;
+                    add_part_stats(&mut stats, &part_stats);
+                } else {
+                    let (present, grads) = optimizer.flatten(&grads)?;
+                    mine.push(Part {
+                        index: j as u32,
+                        stats: part_stats,
+                        present,
+                        grads,
+                    });
+                }
+                backward += started.elapsed();
+            }
+            if size > 1 {
+                // Every rank's micro-batches, added in the minibatch's order.
+                let started = Instant::now();
+                let mut all = Vec::with_capacity(parts.len());
+                for (r, bytes) in world
+                    .all_gather_bytes(&Part::encode(&mine))
+                    .context("exchanging the micro-batches' gradients")?
+                    .iter()
+                    .enumerate()
+                {
+                    all.extend(Part::decode(bytes, r)?);
+                }
+                all.sort_by_key(|p| p.index);
+                if all.len() != parts.len() {
+                    bail!(
+                        "the ranks computed {} micro-batches of a minibatch of {}: they are not \
+                         training on the same batch",
+                        all.len(),
+                        parts.len()
+                    );
+                }
+                for p in &all {
+                    optimizer.accumulate_flat(&p.present, &p.grads)?;
+                    add_part_stats(&mut stats, &p.stats);
+                }
+                backward += started.elapsed();
             }
             let started = Instant::now();
             stats.grad_norm += optimizer.step(cfg.max_grad_norm)? as f32;
@@ -403,6 +533,87 @@ pub fn ppo_step(
     }
     kl_control.update(f64::from(kl_per_response), samples.len());
     Ok(stats)
+}
+
+/// [`score_shared_prefixes`] of `pairs` as one of `world`'s ranks: each rank scores its
+/// contiguous share of the pairs and every rank receives everyone's rows, in order (the
+/// prefixes shared across shares are computed once per rank that holds them).
+fn score_sharded(
+    world: &dyn World,
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    chunk: usize,
+    temperature: f64,
+    values: bool,
+) -> anyhow::Result<PrefixScored> {
+    if world.size() == 1 {
+        return score_shared_prefixes(agent, pairs, chunk, temperature, values);
+    }
+    let mine = &pairs[crate::distributed::shard(pairs.len(), world.rank(), world.size())];
+    type Rows = Vec<Vec<u32>>;
+    let scored: (Rows, Option<Rows>, usize, usize) = if mine.is_empty() {
+        (Vec::new(), values.then(Vec::new), 0, 0)
+    } else {
+        let s = score_shared_prefixes(agent, mine, chunk, temperature, values)?;
+        let bits = |rows: Vec<Vec<f32>>| -> Rows {
+            rows.into_iter()
+                .map(|r| r.into_iter().map(f32::to_bits).collect())
+                .collect()
+        };
+        (
+            bits(s.logprobs),
+            s.values.map(bits),
+            s.computed,
+            s.positions,
+        )
+    };
+    let mut out = PrefixScored {
+        logprobs: Vec::with_capacity(pairs.len()),
+        values: values.then(|| Vec::with_capacity(pairs.len())),
+        computed: 0,
+        positions: 0,
+    };
+    let floats = |rows: Rows| -> Vec<Vec<f32>> {
+        rows.into_iter()
+            .map(|r| r.into_iter().map(f32::from_bits).collect())
+            .collect()
+    };
+    for (r, bytes) in world
+        .all_gather_bytes(&serde_json::to_vec(&scored)?)
+        .context("exchanging the scored shares of the batch")?
+        .iter()
+        .enumerate()
+    {
+        let (lp, v, computed, positions): (Rows, Option<Rows>, usize, usize) =
+            serde_json::from_slice(bytes)
+                .with_context(|| format!("rank {r}'s scores are not readable"))?;
+        out.logprobs.extend(floats(lp));
+        if let (Some(all), Some(v)) = (&mut out.values, v) {
+            all.extend(floats(v));
+        }
+        out.computed += computed;
+        out.positions += positions;
+    }
+    if out.logprobs.len() != pairs.len()
+        || out.values.as_ref().is_some_and(|v| v.len() != pairs.len())
+    {
+        bail!(
+            "the ranks scored {} of the batch's {} responses: they are not training on the \
+             same batch",
+            out.logprobs.len(),
+            pairs.len()
+        );
+    }
+    Ok(out)
+}
+
+/// Adds one micro-batch's weighted loss statistics ([`Part::stats`]'s order) to `stats`.
+fn add_part_stats(stats: &mut StepStats, s: &[f32; 5]) {
+    stats.policy_loss += s[0];
+    stats.value_loss += s[1];
+    stats.entropy += s[2];
+    stats.approx_kl += s[3];
+    stats.clip_fraction += s[4];
 }
 
 // ---- Token rewards, advantages, whitening.

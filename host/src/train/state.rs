@@ -31,6 +31,17 @@ pub struct TrainState {
     /// The components the run was trained with.
     pub plugins: PluginHashes,
     pub learners: Vec<LearnerState>,
+    /// The processes the run was trained on (`mpirun -np N`); a resume must use as many.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ranks: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,0 +1,541 @@
+//! `mpirun -np 2 maporl train` on one machine (loopback and shared memory): data-parallel
+//! training makes the update one process makes on the same global batch, a resume needs the
+//! same number of ranks, and a rank that dies or hangs ends the whole job in bounded time,
+//! after which `--resume` continues exactly.
+//!
+//! Needs a build with the `mpi` feature and OpenMPI's `mpirun` (`cargo xtask test` installs
+//! it and enables both).
+
+#![cfg(feature = "mpi")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// One job at a time: each is two ranks on a 2-core machine, and the timing tests (the
+/// collective timeout, the bounded end of a job) must not see the others' load.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JOBS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-qwen2");
+    std::fs::create_dir(&model).unwrap();
+    write_tiny_qwen2(&model);
+    model
+}
+
+/// `maporl train` on a tiny data-parallel run, on `ranks` processes (`None`: without
+/// mpirun at all).
+fn command(ranks: Option<usize>, run: &Path, model: &Path, extra: &[&str]) -> Command {
+    command_with(ranks, run, model, extra, true)
+}
+
+/// [`command`], with `distributed: false` leaving `[distributed]` out of the config.
+fn command_with(
+    ranks: Option<usize>,
+    run: &Path,
+    model: &Path,
+    extra: &[&str],
+    distributed: bool,
+) -> Command {
+    let bin = env!("CARGO_BIN_EXE_maporl");
+    let mut cmd = match ranks {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut c = Command::new("mpirun");
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ])
+            .args(["--mca", "btl", "self,vader,tcp"])
+            .args(["--mca", "btl_tcp_if_include", "lo"])
+            .args(["-np", &n.to_string()])
+            .arg(bin);
+            c
+        }
+    };
+    let config = repo().join("configs/smollm2-arith.toml");
+    cmd.args(["train", "--config", config.to_str().unwrap()]);
+    for set in [
+        format!("model.path={}", model.display()),
+        format!("run_dir={}", run.display()),
+        "train.steps=3".into(),
+        "debate.batch_size=4".into(),
+        "debate.turns=2".into(),
+        "generation.max_new_tokens=6".into(),
+        "train.ppo.minibatches=2".into(),
+        "train.ppo.epochs=2".into(),
+        "train.ppo.lr=0.001".into(),
+        "data.held_out=0".into(),
+    ] {
+        cmd.args(["--set", &set]);
+    }
+    if distributed {
+        cmd.args(["--set", "distributed.placement=data"]);
+    }
+    // The ranks on this machine inherit mpirun's environment.
+    cmd.args(extra)
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .env("MAPORL_TEST_STALL_CHECKPOINT", "")
+        .env("MAPORL_COLLECTIVE_TIMEOUT", "120");
+    cmd
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn train(ranks: Option<usize>, run: &Path, model: &Path, extra: &[&str]) -> String {
+    let out = command(ranks, run, model, extra).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    text(&out)
+}
+
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The metrics without what differs between any two runs (wall times, memory) or between
+/// numbers of ranks (the bytes sent).
+fn comparable(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .map(|l| {
+            let mut l = l.clone();
+            fn strip(v: &mut serde_json::Value) {
+                if let Some(o) = v.as_object_mut() {
+                    o.retain(|k, _| {
+                        !k.ends_with("_seconds")
+                            && !k.ends_with("_per_second")
+                            && !k.ends_with("_mib")
+                            && k != "collective_bytes"
+                            // Each rank shares prefixes within its share of the batch only.
+                            && k != "reference_prefix_hit_rate"
+                    });
+                    for v in o.values_mut() {
+                        strip(v);
+                    }
+                }
+            }
+            strip(&mut l);
+            l
+        })
+        .collect()
+}
+
+/// Every number in `a` and `b` (same shape) within `tol`; returns the largest difference.
+fn close(a: &serde_json::Value, b: &serde_json::Value, tol: f64, at: &str) -> f64 {
+    use serde_json::Value::*;
+    match (a, b) {
+        (Number(x), Number(y)) => {
+            let d = (x.as_f64().unwrap() - y.as_f64().unwrap()).abs();
+            assert!(d <= tol, "{at}: {x} against {y}");
+            d
+        }
+        (Array(x), Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{at}");
+            x.iter()
+                .zip(y)
+                .enumerate()
+                .map(|(i, (x, y))| close(x, y, tol, &format!("{at}[{i}]")))
+                .fold(0.0, f64::max)
+        }
+        (Object(x), Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            x.iter()
+                .map(|(k, v)| close(v, &y[k], tol, &format!("{at}.{k}")))
+                .fold(0.0, f64::max)
+        }
+        _ => {
+            assert_eq!(a, b, "{at}");
+            0.0
+        }
+    }
+}
+
+/// Every tensor of every safetensors file under `dir`, by relative path and name.
+fn tensors(dir: &Path) -> BTreeMap<String, Vec<f32>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "safetensors") {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                let file = candle_core::safetensors::load(&p, &candle_core::Device::Cpu).unwrap();
+                for (name, t) in file {
+                    let v = t
+                        .to_dtype(candle_core::DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    out.insert(format!("{rel}:{name}"), v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The largest difference between two runs' tensors under `rel` (same names required).
+fn tensor_gap(a: &Path, b: &Path) -> f32 {
+    let (x, y) = (tensors(a), tensors(b));
+    assert!(!x.is_empty(), "no tensors under {}", a.display());
+    assert_eq!(
+        x.keys().collect::<Vec<_>>(),
+        y.keys().collect::<Vec<_>>(),
+        "{} against {}",
+        a.display(),
+        b.display()
+    );
+    let mut gap = 0.0f32;
+    for (k, v) in &x {
+        let w = &y[k];
+        assert_eq!(v.len(), w.len(), "{k}");
+        for (p, q) in v.iter().zip(w) {
+            assert!(p.is_finite() && q.is_finite(), "{k}");
+            gap = gap.max((p - q).abs());
+        }
+    }
+    gap
+}
+
+#[test]
+fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let one = dir.path().join("one");
+    let two = dir.path().join("two");
+    train(None, &one, &model, &[]);
+    let printed = train(Some(2), &two, &model, &[]);
+    // Rank 0 alone speaks for the run.
+    assert_eq!(printed.matches("trained 3 steps").count(), 1, "{printed}");
+
+    let (a, b) = (metrics(&one), metrics(&two));
+    assert_eq!(a.len(), 3);
+    assert_eq!(b.len(), 3, "rank 0 alone writes the metrics");
+    for line in &b {
+        let sent = line["collective_bytes"].as_u64().unwrap();
+        assert!(sent > 0, "{line}");
+        assert_eq!(line["tasks"], 4, "the whole batch's debates: {line}");
+    }
+    assert!(
+        a[0].get("collective_bytes").is_none(),
+        "one process sends nothing"
+    );
+    let gap = close(
+        &serde_json::Value::Array(comparable(&a)),
+        &serde_json::Value::Array(comparable(&b)),
+        1e-5,
+        "metrics",
+    );
+    // Adapters and value heads, and the optimizer's moments in the last checkpoint.
+    let weights = tensor_gap(
+        &one.join("checkpoints/final"),
+        &two.join("checkpoints/final"),
+    );
+    let moments = tensor_gap(
+        &one.join("checkpoints/step-000003"),
+        &two.join("checkpoints/step-000003"),
+    );
+    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
+    eprintln!("np 2 against np 1: metrics within {gap}, weights within {weights}, moments within {moments}");
+    // The run directory is rank 0's alone: one config, one lock, no second metrics file.
+    for f in ["config.toml", "plugins.lock", "metrics.jsonl"] {
+        assert!(two.join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn a_resume_needs_as_many_ranks_as_the_run_had() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    train(Some(2), &run, &model, &["--stop-after", "1"]);
+    let state = std::fs::read_to_string(run.join("checkpoints/step-000001/state.json")).unwrap();
+    assert!(state.contains("\"ranks\": 2"), "{state}");
+    let out = command(None, &run, &model, &["--resume"]).output().unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("written by a run on 2 process(es), this run has 1")
+            && said.contains("mpirun -np 2"),
+        "{said}"
+    );
+    // And a run on two ranks without [distributed] is refused, saying what to add.
+    let other = dir.path().join("other");
+    let out = command_with(Some(2), &other, &model, &[], false)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("its config has no [distributed] table"),
+        "{said}"
+    );
+    assert!(!other.exists(), "a refused run writes nothing");
+}
+
+/// The pid of rank `rank` among `mpirun`'s descendants (OMPI_COMM_WORLD_RANK in its
+/// environment).
+fn rank_pid(launcher: u32, rank: usize) -> Option<u32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if env.split(|&b| b == 0).any(|kv| kv == want.as_bytes()) && descends_from(pid, launcher) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..16 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // pid (comm) state ppid ...
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == ancestor {
+            return true;
+        }
+        if ppid <= 1 {
+            return false;
+        }
+        pid = ppid;
+    }
+    false
+}
+
+/// Waits for `child` at most `limit`; kills it (and fails) past that.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> (std::process::ExitStatus, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the job was still running {limit:?} after a rank died");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
+)]
+fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let every = ["--set", "train.checkpoint_every=1"];
+    let whole = dir.path().join("whole");
+    train(Some(2), &whole, &model, &every);
+
+    // Rank 0 stalls writing the checkpoint of step 2 (step 1's is complete); rank 1 waits
+    // for it in a barrier, and is killed there.
+    let run = dir.path().join("killed");
+    let mut cmd = command(Some(2), &run, &model, &every);
+    cmd.env("MAPORL_TEST_STALL_CHECKPOINT", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut job = cmd.spawn().unwrap();
+    let start = Instant::now();
+    while !run.join("checkpoint-stalled").exists() {
+        assert!(start.elapsed() < Duration::from_secs(300), "never stalled");
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before the stall"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let victim = rank_pid(job.id(), 1).expect("rank 1's process");
+    let killed = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The collective timeout is 120 s: the job must end well before it, by mpirun's
+    // noticing the dead rank.
+    let (status, took) = wait_bounded(&mut job, Duration::from_secs(60));
+    assert!(!status.success(), "a job with a dead rank succeeded");
+    eprintln!("the job ended {took:?} after rank 1 was killed");
+    assert!(
+        run.join("checkpoints/step-000001/state.json").is_file(),
+        "the last complete checkpoint"
+    );
+
+    train(Some(2), &run, &model, &["--resume", every[0], every[1]]);
+    assert_eq!(
+        comparable(&metrics(&run)),
+        comparable(&metrics(&whole)),
+        "the resumed run's metrics"
+    );
+    assert_eq!(
+        tensor_gap(
+            &run.join("checkpoints/final"),
+            &whole.join("checkpoints/final")
+        ),
+        0.0,
+        "the resumed run's adapters and value heads"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
+)]
+fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("hung");
+    // Rank 0 stalls (10 minutes) in the checkpoint of step 1; rank 1's barrier gives up
+    // after 5 s, and its exit ends the job.
+    let mut cmd = command(Some(2), &run, &model, &[]);
+    cmd.env("MAPORL_TEST_STALL_CHECKPOINT", "1")
+        .env("MAPORL_COLLECTIVE_TIMEOUT", "5")
+        .args(["--set", "train.checkpoint_every=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut job = cmd.spawn().unwrap();
+    let (status, took) = wait_bounded(&mut job, Duration::from_secs(300));
+    let mut err = String::new();
+    std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        run.join("checkpoint-stalled").exists(),
+        "the stall was reached: {err}"
+    );
+    assert!(
+        err.contains("rank 1 of 2: the collective `barrier` has waited more than 5 s"),
+        "{err}"
+    );
+    eprintln!("the job ended {took:?} after it started");
+}
+
+#[test]
+fn ranks_that_do_not_run_the_same_config_stop_naming_what_differs() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    // Two programs in one job (MPMD): the second rank's config has another seed.
+    let args = |seed: &str| -> Vec<String> {
+        command(None, &run, &model, &["--set", seed])
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    };
+    let bin = env!("CARGO_BIN_EXE_maporl");
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["--mca", "btl", "self,vader,tcp"])
+        .args(["--mca", "btl_tcp_if_include", "lo"])
+        .args(["-np", "1", bin])
+        .args(args("seed=0"))
+        .args([":", "-np", "1", bin])
+        .args(args("seed=1"))
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .env("MAPORL_COLLECTIVE_TIMEOUT", "120")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains(
+            "the ranks of this job do not run the same config (sha256 of the resolved config.toml)"
+        ) && said.contains("rank(s) [1]"),
+        "{said}"
+    );
+    assert!(!run.join("metrics.jsonl").exists(), "nothing was trained");
+}
+
+#[test]
+fn sigusr1_to_mpirun_checkpoints_every_rank_after_the_same_step_and_resume_is_exact() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let four = ["--set", "train.steps=4"];
+    let whole = dir.path().join("whole");
+    train(Some(2), &whole, &model, &four);
+
+    let run = dir.path().join("stopped");
+    let mut cmd = command(Some(2), &run, &model, &four);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let job = cmd.spawn().unwrap();
+    let start = Instant::now();
+    while !std::fs::read_to_string(run.join("metrics.jsonl")).is_ok_and(|m| !m.is_empty()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no step finished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = Command::new("kill")
+        .args(["-USR1", &job.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = job.wait_with_output().unwrap();
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("continue with --resume"), "{said}");
+    let stopped_at = metrics(&run).len();
+    assert!(stopped_at < 4, "stopped early: {said}");
+
+    train(Some(2), &run, &model, &["--resume", four[0], four[1]]);
+    assert_eq!(comparable(&metrics(&run)), comparable(&metrics(&whole)));
+    assert_eq!(
+        tensor_gap(
+            &run.join("checkpoints/final"),
+            &whole.join("checkpoints/final")
+        ),
+        0.0
+    );
+}
