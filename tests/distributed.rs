@@ -45,6 +45,18 @@ fn command_with(
     extra: &[&str],
     distributed: bool,
 ) -> Command {
+    job("train", ranks, run, model, extra, distributed)
+}
+
+/// `maporl SUBCOMMAND` on the tiny run's config.
+fn job(
+    subcommand: &str,
+    ranks: Option<usize>,
+    run: &Path,
+    model: &Path,
+    extra: &[&str],
+    distributed: bool,
+) -> Command {
     let bin = env!("CARGO_BIN_EXE_maporl");
     let mut cmd = match ranks {
         None => Command::new(bin),
@@ -64,7 +76,7 @@ fn command_with(
         }
     };
     let config = repo().join("configs/smollm2-arith.toml");
-    cmd.args(["train", "--config", config.to_str().unwrap()]);
+    cmd.args([subcommand, "--config", config.to_str().unwrap()]);
     for set in [
         format!("model.path={}", model.display()),
         format!("run_dir={}", run.display()),
@@ -270,6 +282,56 @@ fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
     for f in ["config.toml", "plugins.lock", "metrics.jsonl"] {
         assert!(two.join(f).is_file(), "{f}");
     }
+}
+
+#[test]
+fn two_ranks_evaluate_the_debates_one_process_holds() {
+    // Five held-out tasks over two ranks (three and two): rank 0 gathers them and writes the
+    // same transcripts and report, to the byte, as one process with or without
+    // [distributed] (every response draws from its own stream), and alone prints the table.
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let eval = |ranks: Option<usize>, name: &str, distributed: bool| {
+        let run = dir.path().join(name);
+        let extra = [
+            "--set",
+            "data.held_out=5",
+            "--set",
+            "generation.max_new_tokens=12",
+        ];
+        let out = job("eval", ranks, &run, &model, &extra, distributed)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let read = |f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+        (text(&out), read("eval.json"), read("transcripts.jsonl"))
+    };
+    let (_, report, transcripts) = eval(None, "plain", false);
+    assert_eq!(transcripts.lines().count(), 5, "{transcripts}");
+    for (ranks, name) in [(None, "one"), (Some(2), "two")] {
+        let (printed, r, t) = eval(ranks, name, true);
+        assert_eq!(r, report, "{name}: eval.json");
+        assert_eq!(t, transcripts, "{name}: transcripts.jsonl");
+        assert_eq!(printed.matches("majority accuracy").count(), 1, "{printed}");
+    }
+    // A command that runs in one process only refuses several.
+    let out = job(
+        "warm-start",
+        Some(2),
+        &dir.path().join("w"),
+        &model,
+        &[],
+        true,
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("only `maporl train` and `maporl eval` run over several processes"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -38,7 +38,11 @@ pub struct DebateArgs {
 
 pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config, &args.overrides)?;
-    print_evaluation(&maporl::train::evaluate(config, &mut Bars::default())?);
+    let evaluation = maporl::train::evaluate(config, &mut Bars::default())?;
+    // Under mpirun every rank holds the whole evaluation; rank 0 wrote it and reports it.
+    if maporl::distributed::world().rank() == 0 {
+        print_evaluation(&evaluation);
+    }
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use anyhow::Context;
 
 use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
+use crate::distributed::{self as dist, World};
 use crate::eval::Report;
 use crate::files::write_atomic;
 use crate::session::{held_out as split, tasks, Progress, Session};
@@ -27,35 +28,67 @@ pub struct Evaluation {
 /// Debates over the config's evaluation tasks (the held-out set, when it has one) with the
 /// team as configured; writes `config.toml`, `plugins.lock`, the transcripts and `eval.json`
 /// into the run directory.
+///
+/// Under `mpirun -np N` (with `[distributed]`), each rank debates a contiguous share of the
+/// tasks and rank 0 gathers them and writes the run directory; since every response draws
+/// from its own stream (seed, task, agent, turn), the debates are the ones one process
+/// holds. The times are rank 0's.
 pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<Evaluation> {
     let run_dir = PathBuf::from(&config.run_dir);
+    let world = dist::world();
+    super::check_distributed(world, &config)?;
+    let leader = world.rank() == 0;
     let (tasks, _) = split(tasks(&config)?, &config)?;
     // Everything that can refuse the run (model, plugins, limits) before anything is
     // written: a refused run leaves no directory behind.
     let seed = config.seed;
     let mut session = Session::open(config)?;
-    session.start_run_dir(&run_dir)?;
+    let hashes = PluginHashes::of(&session.plugins);
+    super::check_same_run(world, &session.config, &hashes)?;
+    if leader {
+        session.start_run_dir(&run_dir)?;
+    }
     // Paired draws: another row (config, checkpoint) evaluated at this seed shares this
     // one's sampling noise, question by question.
     session.team.pair_draws(Some(seed));
     let started = Instant::now();
-    let debated = session.debate_all(&tasks, "debating", progress)?;
+    let mine = &tasks[dist::shard(tasks.len(), world.rank(), world.size())];
+    let debated = session.debate_all(mine, "debating", progress)?;
+    let debates = if world.size() > 1 {
+        gather_debates(world, debated.debates)?
+    } else {
+        debated.debates
+    };
     let elapsed = started.elapsed();
-    let hashes = PluginHashes::of(&session.plugins);
-    debate::write_transcripts(
-        &run_dir.join("transcripts.jsonl"),
-        &debated.debates,
-        &hashes,
-    )?;
-    let report = write_report(&run_dir.join("eval.json"), &debated.debates, &hashes)?;
+    let report = if leader {
+        debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
+        write_report(&run_dir.join("eval.json"), &debates, &hashes)?
+    } else {
+        crate::eval::evaluate(&debates)
+    };
     Ok(Evaluation {
         run_dir,
         report,
-        debates: debated.debates,
+        debates,
         elapsed,
         plugin_time: debated.plugin_time,
         team_time: debated.team_time,
     })
+}
+
+/// Every rank's debates, in rank order, on every rank.
+fn gather_debates(world: &dyn World, mine: Vec<Debate>) -> anyhow::Result<Vec<Debate>> {
+    let mut all = Vec::new();
+    for (r, bytes) in world
+        .all_gather_bytes(&serde_json::to_vec(&mine)?)?
+        .iter()
+        .enumerate()
+    {
+        let theirs: Vec<Debate> = serde_json::from_slice(bytes)
+            .with_context(|| format!("rank {r}'s debates are not readable"))?;
+        all.extend(theirs);
+    }
+    Ok(all)
 }
 
 /// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and

@@ -190,15 +190,7 @@ impl Trainer {
         let checkpoints = Checkpoints::new(&run_dir);
         let world = dist::world();
         let data_parallel = config.distributed.is_some();
-        if world.size() > 1 && !data_parallel {
-            bail!(
-                "this run was started on {} processes (mpirun -np {}), but its config has no \
-                 [distributed] table: add `[distributed]` with `placement = \"data\"`, or run \
-                 it without mpirun",
-                world.size(),
-                world.size()
-            );
-        }
+        check_distributed(world, &config)?;
         let leader = world.rank() == 0;
         let resume_from = if args.resume {
             state::check_config(&run_dir, &config)?;
@@ -235,27 +227,7 @@ impl Trainer {
         }
         let cfg = session.config.clone();
         let plugin_hashes = PluginHashes::of(&session.plugins);
-        if world.size() > 1 {
-            use sha2::Digest as _;
-            dist::check_agreement(
-                world,
-                &[
-                    ("maporl binary (sha256)", dist::binary_sha256()?),
-                    (
-                        "config (sha256 of the resolved config.toml)",
-                        hex::encode(sha2::Sha256::digest(cfg.to_toml().as_bytes())),
-                    ),
-                    (
-                        "plugins (protocol, verifier, shaper sha256)",
-                        format!(
-                            "{}, {}, {}",
-                            plugin_hashes.protocol, plugin_hashes.verifier, plugin_hashes.shaper
-                        ),
-                    ),
-                ],
-            )
-            .context("checking that every rank runs the same run")?;
-        }
+        check_same_run(world, &cfg, &plugin_hashes)?;
         let learner_ids: Vec<u32> = match cfg.train.mode {
             TrainMode::Single => vec![0],
             _ => (0..cfg.debate.agents).collect(),
@@ -833,6 +805,47 @@ struct SharedIds {
 /// Every rank's debates of a step, in rank order (the order of the step's tasks), on every
 /// rank: the rollout one process would have made of the whole batch. The times stay this
 /// rank's.
+/// Refuses a run started on several processes whose config has no `[distributed]` table.
+fn check_distributed(world: &dyn World, config: &Config) -> anyhow::Result<()> {
+    if world.size() > 1 && config.distributed.is_none() {
+        bail!(
+            "this run was started on {} processes (mpirun -np {}), but its config has no \
+             [distributed] table: add `[distributed]` with `placement = \"data\"`, or run \
+             it without mpirun",
+            world.size(),
+            world.size()
+        );
+    }
+    Ok(())
+}
+
+/// On several ranks: stops every rank unless all run the same binary, config and plugins
+/// (sha256s), naming what differs and where.
+fn check_same_run(world: &dyn World, cfg: &Config, plugins: &PluginHashes) -> anyhow::Result<()> {
+    if world.size() == 1 {
+        return Ok(());
+    }
+    use sha2::Digest as _;
+    dist::check_agreement(
+        world,
+        &[
+            ("maporl binary (sha256)", dist::binary_sha256()?),
+            (
+                "config (sha256 of the resolved config.toml)",
+                hex::encode(sha2::Sha256::digest(cfg.to_toml().as_bytes())),
+            ),
+            (
+                "plugins (protocol, verifier, shaper sha256)",
+                format!(
+                    "{}, {}, {}",
+                    plugins.protocol, plugins.verifier, plugins.shaper
+                ),
+            ),
+        ],
+    )
+    .context("checking that every rank runs the same run")
+}
+
 fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout> {
     let shared: Vec<SharedDebate> = rollout
         .debates
