@@ -335,6 +335,29 @@ fn two_ranks_evaluate_the_debates_one_process_holds() {
 }
 
 #[test]
+fn the_held_out_evaluations_are_shared_between_ranks() {
+    // A run with five held-out tasks on two ranks: rank 0 writes the evaluation before
+    // training byte for byte as one process does, and the one after it over every task.
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = ["--set", "data.held_out=5", "--set", "train.steps=1"];
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    train(None, &one, &model, &extra);
+    let printed = train(Some(2), &two, &model, &extra);
+    assert_eq!(
+        printed.matches("held-out tasks, after training:").count(),
+        1,
+        "{printed}"
+    );
+    let read = |run: &Path, f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+    for f in ["eval-before.json", "transcripts-before.jsonl"] {
+        assert_eq!(read(&one, f), read(&two, f), "{f}");
+    }
+    assert_eq!(read(&two, "transcripts-after.jsonl").lines().count(), 5);
+}
+
+#[test]
 fn a_resume_needs_as_many_ranks_as_the_run_had() {
     let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();

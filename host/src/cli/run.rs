@@ -38,9 +38,12 @@ pub struct DebateArgs {
 
 pub fn eval(args: ConfigArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config, &args.overrides)?;
-    let evaluation = maporl::train::evaluate(config, &mut Bars::default())?;
     // Under mpirun every rank holds the whole evaluation; rank 0 wrote it and reports it.
-    if maporl::distributed::world().rank() == 0 {
+    let leader = maporl::distributed::world().rank() == 0;
+    let (mut bars, mut quiet) = (Bars::default(), maporl::session::Quiet);
+    let progress: &mut dyn maporl::session::Progress = if leader { &mut bars } else { &mut quiet };
+    let evaluation = maporl::train::evaluate(config, progress)?;
+    if leader {
         print_evaluation(&evaluation);
     }
     Ok(())

@@ -95,7 +95,11 @@ fn gather_debates(world: &dyn World, mine: Vec<Debate>) -> anyhow::Result<Vec<De
 /// `transcripts-NAME.jsonl`. Leaves the run as it found it: the samplers are restored and
 /// the plugins restarted afresh before the next step, so a run with a held-out evaluation
 /// trains exactly like one without.
+///
+/// On several ranks each debates a share of the tasks and rank 0 gathers them and writes the
+/// files (the others get the same report, unwritten).
 pub(super) fn held_out(
+    world: &dyn World,
     session: &mut Session,
     held: &[Task],
     run_dir: &Path,
@@ -110,21 +114,31 @@ pub(super) fn held_out(
     session.plugins.restart(u64::MAX)?;
     session.team.pair_draws(Some(seed));
     let label = format!("evaluating ({name})");
+    let mine = &held[dist::shard(held.len(), world.rank(), world.size())];
     let debated = session
-        .debate_all(held, &label, progress)
+        .debate_all(mine, &label, progress)
         .with_context(|| format!("the held-out evaluation {name} training"));
     session.team.pair_draws(None);
     let debated = debated?;
     session.team.restore_rng_states(&samplers)?;
+    let debates = if world.size() > 1 {
+        gather_debates(world, debated.debates)
+            .with_context(|| format!("gathering the held-out evaluation {name} training"))?
+    } else {
+        debated.debates
+    };
+    if world.rank() != 0 {
+        return Ok(crate::eval::evaluate(&debates));
+    }
     let hashes = PluginHashes::of(&session.plugins);
     debate::write_transcripts(
         &run_dir.join(format!("transcripts-{name}.jsonl")),
-        &debated.debates,
+        &debates,
         &hashes,
     )?;
     write_report(
         &run_dir.join(format!("eval-{name}.json")),
-        &debated.debates,
+        &debates,
         &hashes,
     )
 }

@@ -307,9 +307,10 @@ impl Trainer {
             None
         };
         let every = self.cfg.train.checkpoint_every;
-        // The held-out evaluations run on rank 0 alone (every rank holds the same team).
-        if leader && self.step == 0 && !self.held.is_empty() {
+        // The held-out evaluations are shared between the ranks like a step's debates.
+        if self.step == 0 && !self.held.is_empty() {
             evaluate::held_out(
+                self.world,
                 &mut self.session,
                 &self.held,
                 &self.run_dir,
@@ -353,19 +354,14 @@ impl Trainer {
         }
         progress.end();
         let adapters = self.run_dir.join("checkpoints/final");
-        if !leader {
-            return Ok(Outcome::Trained {
-                steps,
-                metrics: self.metrics_path(),
-                adapters,
-                held_out: None,
-            });
+        if leader {
+            self.export_adapters(&adapters)?;
         }
-        self.export_adapters(&adapters)?;
         let held_out = if self.held.is_empty() {
             None
         } else {
             let after = evaluate::held_out(
+                self.world,
                 &mut self.session,
                 &self.held,
                 &self.run_dir,
@@ -373,7 +369,12 @@ impl Trainer {
                 self.cfg.seed,
                 progress,
             )?;
-            Some([evaluate::read_report(&self.run_dir, "before")?, after])
+            // Rank 0 alone speaks for the run.
+            if leader {
+                Some([evaluate::read_report(&self.run_dir, "before")?, after])
+            } else {
+                None
+            }
         };
         Ok(Outcome::Trained {
             steps,

@@ -18,6 +18,7 @@ use super::{evaluate, Outcome};
 use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes};
+use crate::distributed::Single;
 use crate::model::{score, Lora, LoraConfig};
 use crate::optim::AgentOptimizer;
 use crate::session::{held_out, tasks, Progress, Session};
@@ -163,12 +164,27 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
         let tuned: Vec<_> = (0..cfg.debate.agents as usize)
             .map(|a| session.team.agent_mut(a).lora.take())
             .collect();
-        let before =
-            evaluate::held_out(&mut session, &held, &run_dir, "before", cfg.seed, progress)?;
+        let before = evaluate::held_out(
+            &Single,
+            &mut session,
+            &held,
+            &run_dir,
+            "before",
+            cfg.seed,
+            progress,
+        )?;
         for (a, lora) in tuned.into_iter().enumerate() {
             session.team.agent_mut(a).lora = lora;
         }
-        let after = evaluate::held_out(&mut session, &held, &run_dir, "after", cfg.seed, progress)?;
+        let after = evaluate::held_out(
+            &Single,
+            &mut session,
+            &held,
+            &run_dir,
+            "after",
+            cfg.seed,
+            progress,
+        )?;
         Some([before, after])
     } else {
         None
