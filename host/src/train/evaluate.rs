@@ -78,17 +78,7 @@ pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<E
 
 /// Every rank's debates, in rank order, on every rank.
 fn gather_debates(world: &dyn World, mine: Vec<Debate>) -> anyhow::Result<Vec<Debate>> {
-    let mut all = Vec::new();
-    for (r, bytes) in world
-        .all_gather_bytes(&serde_json::to_vec(&mine)?)?
-        .iter()
-        .enumerate()
-    {
-        let theirs: Vec<Debate> = serde_json::from_slice(bytes)
-            .with_context(|| format!("rank {r}'s debates are not readable"))?;
-        all.extend(theirs);
-    }
-    Ok(all)
+    Ok(super::gather_json(world, &mine, "debates")?.concat())
 }
 
 /// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and

@@ -847,6 +847,23 @@ fn check_same_run(world: &dyn World, cfg: &Config, plugins: &PluginHashes) -> an
     .context("checking that every rank runs the same run")
 }
 
+/// Every rank's `mine`, sent as JSON, in rank order, on every rank.
+fn gather_json<T: Serialize + serde::de::DeserializeOwned>(
+    world: &dyn World,
+    mine: &T,
+    what: &str,
+) -> anyhow::Result<Vec<T>> {
+    world
+        .all_gather_bytes(&serde_json::to_vec(mine)?)?
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            serde_json::from_slice(bytes)
+                .with_context(|| format!("rank {r}'s {what} are not readable"))
+        })
+        .collect()
+}
+
 fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout> {
     let shared: Vec<SharedDebate> = rollout
         .debates
@@ -868,13 +885,10 @@ fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout
         })
         .collect();
     let mut debates = Vec::new();
-    for (r, bytes) in world
-        .all_gather_bytes(&serde_json::to_vec(&shared)?)?
-        .iter()
+    for (r, theirs) in gather_json(world, &shared, "debates")?
+        .into_iter()
         .enumerate()
     {
-        let theirs: Vec<SharedDebate> = serde_json::from_slice(bytes)
-            .with_context(|| format!("rank {r}'s debates are not readable"))?;
         for SharedDebate { mut debate, ids } in theirs {
             if ids.len() != debate.speeches.len() {
                 bail!(
