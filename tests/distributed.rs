@@ -57,6 +57,20 @@ fn job(
     extra: &[&str],
     distributed: bool,
 ) -> Command {
+    let config = repo().join("configs/smollm2-arith.toml");
+    job_on(&config, subcommand, ranks, run, model, extra, distributed)
+}
+
+/// [`job`] on the config file `config`.
+fn job_on(
+    config: &Path,
+    subcommand: &str,
+    ranks: Option<usize>,
+    run: &Path,
+    model: &Path,
+    extra: &[&str],
+    distributed: bool,
+) -> Command {
     let bin = env!("CARGO_BIN_EXE_maporl");
     let mut cmd = match ranks {
         None => Command::new(bin),
@@ -75,7 +89,6 @@ fn job(
             c
         }
     };
-    let config = repo().join("configs/smollm2-arith.toml");
     cmd.args([subcommand, "--config", config.to_str().unwrap()]);
     for set in [
         format!("model.path={}", model.display()),
@@ -623,4 +636,188 @@ fn sigusr1_to_mpirun_checkpoints_every_rank_after_the_same_step_and_resume_is_ex
         ),
         0.0
     );
+}
+
+/// The tiny run's config with a team of two models, agent 0's `model` and agent 1's a copy
+/// of it in a directory of its own (so that one process loads two models, as a team of two
+/// model families would), and one agent per rank.
+fn team_of_two_models(dir: &Path, model: &Path) -> PathBuf {
+    let other = dir.join("tiny-qwen2-b");
+    std::fs::create_dir(&other).unwrap();
+    write_tiny_qwen2(&other);
+    let mut text = std::fs::read_to_string(repo().join("configs/smollm2-arith.toml")).unwrap();
+    text.push_str(&format!(
+        "\n[[agents]]\nmodel = {:?}\n\n[[agents]]\nmodel = {:?}\n",
+        model.display().to_string(),
+        other.display().to_string()
+    ));
+    let config = dir.join("team.toml");
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
+const AGENTS: [&str; 2] = ["--set", "distributed.placement=agents"];
+
+/// `maporl train` with one agent per rank on the two-model team.
+fn train_agents(
+    config: &Path,
+    ranks: Option<usize>,
+    run: &Path,
+    model: &Path,
+    extra: &[&str],
+) -> String {
+    let extra: Vec<&str> = AGENTS.iter().chain(extra).copied().collect();
+    let out = job_on(config, "train", ranks, run, model, &extra, true)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    text(&out)
+}
+
+#[test]
+fn one_agent_per_rank_trains_as_one_process_does_and_resumes_exactly() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = team_of_two_models(dir.path(), &model);
+    let (one, two, stopped) = (
+        dir.path().join("one"),
+        dir.path().join("two"),
+        dir.path().join("stopped"),
+    );
+    let printed_one = train_agents(&config, None, &one, &model, &[]);
+    assert!(
+        printed_one.contains("devices: agent 0 on cpu (auto), agent 1 on cpu (auto)"),
+        "one process holds both agents: {printed_one}"
+    );
+    let printed = train_agents(&config, Some(2), &two, &model, &[]);
+    // Each rank loads its own agent's model, and only it.
+    assert!(
+        printed.contains("devices: agent 0 on cpu (auto)\n")
+            && printed.contains("devices: agent 1 on cpu (auto)\n")
+            && !printed.contains("agent 0 on cpu (auto), agent 1"),
+        "{printed}"
+    );
+    assert_eq!(printed.matches("trained 3 steps").count(), 1, "{printed}");
+    let (a, b) = (metrics(&one), metrics(&two));
+    assert_eq!(b.len(), 3, "rank 0 alone writes the metrics");
+    for line in &b {
+        assert!(line["collective_bytes"].as_u64().unwrap() > 0, "{line}");
+        let agents = line["agents"].as_object().unwrap();
+        assert_eq!(
+            agents.keys().collect::<Vec<_>>(),
+            ["0", "1"],
+            "both agents' statistics, gathered to rank 0: {line}"
+        );
+    }
+    let gap = close(
+        &serde_json::Value::Array(comparable(&a)),
+        &serde_json::Value::Array(comparable(&b)),
+        1e-5,
+        "metrics",
+    );
+    // Each rank wrote its own agent (adapter, value head, AdamW moments) into rank 0's
+    // checkpoint and final adapters.
+    let weights = tensor_gap(
+        &one.join("checkpoints/final"),
+        &two.join("checkpoints/final"),
+    );
+    let moments = tensor_gap(
+        &one.join("checkpoints/step-000003"),
+        &two.join("checkpoints/step-000003"),
+    );
+    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
+    eprintln!("agents on 2 ranks against 1 process: metrics within {gap}, weights within {weights}, moments within {moments}");
+    let state = std::fs::read_to_string(two.join("checkpoints/step-000003/state.json")).unwrap();
+    assert!(state.contains("\"ranks\": 2"), "{state}");
+    assert!(!two.join("checkpoints").read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(".staging")));
+
+    // Stopped after a step and resumed on two ranks: the run that never stopped, exactly.
+    train_agents(&config, Some(2), &stopped, &model, &["--stop-after", "1"]);
+    assert_eq!(metrics(&stopped).len(), 1);
+    train_agents(&config, Some(2), &stopped, &model, &["--resume"]);
+    assert_eq!(comparable(&metrics(&stopped)), comparable(&b));
+    assert_eq!(
+        tensor_gap(
+            &stopped.join("checkpoints/final"),
+            &two.join("checkpoints/final")
+        ),
+        0.0
+    );
+}
+
+#[test]
+fn one_agent_per_rank_evaluates_the_debates_one_process_holds() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = team_of_two_models(dir.path(), &model);
+    let eval = |ranks: Option<usize>, name: &str| {
+        let run = dir.path().join(name);
+        let extra = [
+            "--set",
+            "data.held_out=5",
+            "--set",
+            "generation.max_new_tokens=12",
+            AGENTS[0],
+            AGENTS[1],
+        ];
+        let out = job_on(&config, "eval", ranks, &run, &model, &extra, true)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let read = |f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+        (text(&out), read("eval.json"), read("transcripts.jsonl"))
+    };
+    let (_, report, transcripts) = eval(None, "one");
+    assert_eq!(transcripts.lines().count(), 5, "{transcripts}");
+    let (printed, r, t) = eval(Some(2), "two");
+    assert_eq!(r, report, "eval.json");
+    assert_eq!(t, transcripts, "transcripts.jsonl");
+    assert_eq!(printed.matches("majority accuracy").count(), 1, "{printed}");
+}
+
+#[test]
+fn ranks_whose_plugins_disagree_stop_naming_the_plugin() {
+    // With one agent per rank every rank runs the plugins; a rank whose shaper gives other
+    // rewards for the same debates (as a nondeterministic plugin would) stops the run at
+    // that step, naming the shaper, before anything of the step is saved.
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = team_of_two_models(dir.path(), &model);
+    let run = dir.path().join("run");
+    let mut cmd = job_on(&config, "train", Some(2), &run, &model, &AGENTS, true);
+    let out = cmd
+        .env("MAPORL_TEST_SKEW_REWARDS_ON_RANK", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("step 0")
+            && said.contains(
+                "the shaper plugin (influence.wasm) gave rank 1 other rewards than rank 0"
+            ),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
+        ""
+    );
+    assert!(!run.join("checkpoints/latest").exists());
+
+    // More ranks than agents: refused before anything is written.
+    let other = dir.path().join("other");
+    let out = job_on(&config, "train", Some(3), &other, &model, &AGENTS, true)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(said.contains("this job has 3 ranks for 2 agents"), "{said}");
+    assert!(!other.exists(), "a refused run writes nothing");
 }

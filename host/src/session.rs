@@ -91,9 +91,7 @@ impl Session {
         label: &str,
         progress: &mut dyn Progress,
     ) -> anyhow::Result<Debated> {
-        let d = &self.config.debate;
-        let (agents, turns, batch) = (d.agents, d.turns, d.batch_size);
-        let on_error = self.on_error();
+        let batch = self.config.debate.batch_size;
         progress.begin(label, tasks.len() as u64, 0);
         let mut out = Debated {
             debates: Vec::with_capacity(tasks.len()),
@@ -101,14 +99,7 @@ impl Session {
             team_time: Duration::ZERO,
         };
         for chunk in tasks.chunks(batch) {
-            let rollout = debate::run(
-                &mut self.plugins,
-                &mut self.team,
-                chunk,
-                agents,
-                turns,
-                on_error,
-            )?;
+            let rollout = self.debate(chunk)?;
             out.plugin_time += rollout.plugin_time;
             out.team_time += rollout.team_time;
             out.debates.extend(rollout.debates);
@@ -116,6 +107,28 @@ impl Session {
         }
         progress.end();
         Ok(out)
+    }
+
+    /// One batch of debates, one per task, in one rollout. With the team's agents split
+    /// between ranks (`distributed.placement = "agents"`), every rank must call it with the
+    /// same tasks: each generates its agents' responses and all hold every debate.
+    pub fn debate(&mut self, tasks: &[Task]) -> anyhow::Result<debate::Rollout> {
+        let d = &self.config.debate;
+        let (agents, turns, on_error) = (d.agents, d.turns, d.on_plugin_error);
+        if self.config.spreads_agents() {
+            let world = crate::distributed::world();
+            let mut team = debate::SpreadTeam::new(&mut self.team, world);
+            debate::run(&mut self.plugins, &mut team, tasks, agents, turns, on_error)
+        } else {
+            debate::run(
+                &mut self.plugins,
+                &mut self.team,
+                tasks,
+                agents,
+                turns,
+                on_error,
+            )
+        }
     }
 
     /// What a plugin failure does to the run (`debate.on_plugin_error`).
@@ -138,9 +151,24 @@ pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
         seed: config.seed,
         dtype: config.model.candle_dtype(),
     };
-    let devices = agent_devices(config)?;
-    let mut team = ModelTeam::load(&paths, &devices, &opts)?;
-    for a in 0..config.debate.agents as usize {
+    // With one agent per rank, each rank loads (and opens the device of) its own agents.
+    let world = crate::distributed::world();
+    let holds = |a: usize| {
+        !config.spreads_agents() || crate::distributed::agent_rank(a, world.size()) == world.rank()
+    };
+    if config.spreads_agents() && world.size() > paths.len() {
+        bail!(
+            "distributed.placement = \"agents\" puts each agent on a rank of its own, but \
+             this job has {} ranks for {} agents: start at most {} (mpirun -np {})",
+            world.size(),
+            paths.len(),
+            paths.len(),
+            paths.len()
+        );
+    }
+    let devices = agent_devices(config, &holds)?;
+    let mut team = ModelTeam::load_part(&paths, &devices, &opts)?;
+    for a in (0..config.debate.agents as usize).filter(|&a| holds(a)) {
         if let Some(dir) = config.agent_adapter(a) {
             let dir = expand_home(dir);
             let agent = team.agent_mut(a);
@@ -155,17 +183,25 @@ pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
     Ok(team)
 }
 
-/// Each agent's device, opened; says on stderr where the team runs.
-fn agent_devices(config: &Config) -> anyhow::Result<Vec<Device>> {
+/// Each agent's device, opened, where this process `holds` the agent; says on stderr
+/// where the team runs.
+fn agent_devices(
+    config: &Config,
+    holds: &dyn Fn(usize) -> bool,
+) -> anyhow::Result<Vec<Option<Device>>> {
     let mut devices = Vec::new();
     let mut told = Vec::new();
     for a in 0..config.debate.agents as usize {
+        if !holds(a) {
+            devices.push(None);
+            continue;
+        }
         let choice = config.agent_device(a);
         let device = choice
             .open()
             .with_context(|| format!("the device of agent {a}"))?;
         told.push(format!("agent {a} on {} ({choice})", device_name(&device)));
-        devices.push(device);
+        devices.push(Some(device));
     }
     tracing::info!("devices: {}", told.join(", "));
     Ok(devices)

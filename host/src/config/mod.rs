@@ -62,7 +62,12 @@ pub enum Placement {
     /// turn), so the debates do not depend on how many ranks share them.
     #[default]
     Data,
-    /// Rank r holds agent r's model only. Not implemented yet: refused by validation.
+    /// Rank r holds agent r's model only (with fewer ranks than agents, agent a is on rank
+    /// a mod N): a team whose models do not fit on one device, such as one model per GPU.
+    /// Each turn every rank generates its agents' responses for the whole batch; the texts
+    /// are all-gathered and every rank runs the plugins on the same debates (checked: the
+    /// ranks compare each step's plans, verdicts and rewards); each rank updates its own
+    /// agents.
     Agents,
 }
 
@@ -612,24 +617,18 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if let Some(d) = &self.distributed {
-            if d.placement == Placement::Agents {
-                bail!(
-                    "distributed.placement = \"agents\" (one agent per rank) is not \
-                     implemented in this maporl yet; use \"data\""
-                );
-            }
-            if self.train.mode == TrainMode::Sft || self.train.mode == TrainMode::OffTheShelf {
-                bail!(
-                    "[distributed] is for train.mode = \"maporl\" or \"single\"; train.mode \
-                     = \"{}\" runs in one process (remove [distributed])",
-                    if self.train.mode == TrainMode::Sft {
-                        "sft"
-                    } else {
-                        "off-the-shelf"
-                    }
-                );
-            }
+        if self.distributed.is_some()
+            && (self.train.mode == TrainMode::Sft || self.train.mode == TrainMode::OffTheShelf)
+        {
+            bail!(
+                "[distributed] is for train.mode = \"maporl\" or \"single\"; train.mode \
+                 = \"{}\" runs in one process (remove [distributed])",
+                if self.train.mode == TrainMode::Sft {
+                    "sft"
+                } else {
+                    "off-the-shelf"
+                }
+            );
         }
         for (slot, p) in [
             ("protocol", &self.plugins.protocol),
@@ -731,6 +730,14 @@ impl Config {
     /// The config as TOML, every default filled in.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a config serializes")
+    }
+
+    /// Whether the team's agents are split between the ranks of a run
+    /// (`distributed.placement = "agents"`).
+    pub fn spreads_agents(&self) -> bool {
+        self.distributed
+            .as_ref()
+            .is_some_and(|d| d.placement == Placement::Agents)
     }
 
     /// The model path of agent `a`.

@@ -7,10 +7,12 @@
 
 mod record;
 mod scripted;
+mod spread;
 mod team;
 
 pub use record::{write_transcripts, PluginHashes};
 pub use scripted::{worked_answer, ScriptedTeam};
+pub use spread::SpreadTeam;
 pub use team::{
     Completion, CompletionOptions, Completions, Finish, ModelTeam, Seated, TeamOptions,
 };
@@ -65,6 +67,14 @@ pub trait Team {
     fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
         let _ = (agent, messages);
         Ok(())
+    }
+
+    /// [`admit`](Self::admit) of every prompt of a turn, in order (a team spread over
+    /// several processes answers for all of them at once).
+    /// Fails only where the team cannot judge at all (a team spread over processes that
+    /// cannot hear each other).
+    fn admit_all(&self, asks: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Result<(), String>>> {
+        Ok(asks.iter().map(|&(a, m)| self.admit(a, m)).collect())
     }
 }
 
@@ -165,7 +175,7 @@ pub fn run(
     };
     for turn in 1..=turns {
         // Plan every active debate's turn.
-        let mut plans = Vec::new();
+        let mut planned = Vec::new();
         for (i, debate) in debates.iter_mut().enumerate() {
             if !active[i] {
                 continue;
@@ -177,17 +187,27 @@ pub fn run(
             plugin_time += started.elapsed();
             match plan {
                 Ok(plan) if plan.is_empty() => active[i] = false,
-                Ok(plan) => match plan
-                    .iter()
-                    .find_map(|p| team.admit(p.agent, &p.messages).err())
-                {
-                    None => plans.push((i, plan)),
-                    Some(msg) => {
-                        let err = plugins.protocol.refuse("plan-turn", &debate.task, msg);
-                        fail(debate, &mut active[i], err)?
-                    }
-                },
+                Ok(plan) => planned.push((i, plan)),
                 Err(e) => fail(debate, &mut active[i], e)?,
+            }
+        }
+        // Every planned prompt must fit its agent's model, asked of the team at once.
+        let asks: Vec<(u32, &[ChatMessage])> = planned
+            .iter()
+            .flat_map(|(_, plan)| plan.iter().map(|p| (p.agent, p.messages.as_slice())))
+            .collect();
+        let mut admitted = team.admit_all(&asks)?.into_iter();
+        drop(asks);
+        let mut plans = Vec::new();
+        for (i, plan) in planned {
+            let verdicts: Vec<Result<(), String>> = admitted.by_ref().take(plan.len()).collect();
+            match verdicts.into_iter().find_map(Result::err) {
+                None => plans.push((i, plan)),
+                Some(msg) => {
+                    let debate = &mut debates[i];
+                    let err = plugins.protocol.refuse("plan-turn", &debate.task, msg);
+                    fail(debate, &mut active[i], err)?
+                }
             }
         }
         if plans.is_empty() {

@@ -22,13 +22,16 @@ struct Voice {
 struct Member {
     agent: Agent,
     voice: Arc<Voice>,
-    sampling: SamplingParams,
 }
 
 /// A team of LLM agents. Agents on the same model file share its frozen weights, and while
 /// they have no adapters of their own their prompts are generated in one batch.
 pub struct ModelTeam {
-    members: Vec<Member>,
+    /// Each agent's model, or `None` for an agent another process holds
+    /// ([`ModelTeam::load_part`]).
+    members: Vec<Option<Member>>,
+    /// How each agent samples.
+    sampling: Vec<SamplingParams>,
     /// Each agent's sampler: the team's own random streams (a [`Seated`] view has its own).
     samplers: Vec<Sampler>,
     /// Turns before this one are answered by the bare base models, adapters unused (the
@@ -63,6 +66,19 @@ impl ModelTeam {
         devices: &[Device],
         opts: &TeamOptions,
     ) -> anyhow::Result<ModelTeam> {
+        let here: Vec<Option<Device>> = devices.iter().cloned().map(Some).collect();
+        Self::load_part(model_paths, &here, opts)
+    }
+
+    /// [`load`](Self::load) of the agents this process holds: agent i on `devices[i]`, or
+    /// not loaded at all where that is `None` (one agent per rank,
+    /// `distributed.placement = "agents"`). Asking an agent that is not here to speak is an
+    /// error; it still has its place, so agent ids and random streams stay the team's.
+    pub fn load_part(
+        model_paths: &[std::path::PathBuf],
+        devices: &[Option<Device>],
+        opts: &TeamOptions,
+    ) -> anyhow::Result<ModelTeam> {
         if devices.len() != model_paths.len() || opts.sampling.len() != model_paths.len() {
             bail!(
                 "{} devices and {} sampling settings for {} agents",
@@ -76,6 +92,12 @@ impl ModelTeam {
         let mut members = Vec::new();
         let mut samplers = Vec::new();
         for (i, (path, device)) in model_paths.iter().zip(devices).enumerate() {
+            // Each agent samples from its own stream, the same on every run.
+            samplers.push(agent_sampler(opts.sampling[i], opts.seed, i));
+            let Some(device) = device else {
+                members.push(None);
+                continue;
+            };
             let key = (path.as_path(), format!("{:?}", device.location()));
             if !loaded.contains_key(&key) {
                 let l = model::load(path, opts.dtype, device).with_context(|| {
@@ -86,16 +108,14 @@ impl ModelTeam {
                 loaded.insert(key.clone(), (Arc::new(base), Arc::new(voice)));
             }
             let (base, voice) = loaded[&key].clone();
-            members.push(Member {
+            members.push(Some(Member {
                 agent: Agent::new(base),
                 voice,
-                sampling: opts.sampling[i],
-            });
-            // Each agent samples from its own stream, the same on every run.
-            samplers.push(agent_sampler(opts.sampling[i], opts.seed, i));
+            }));
         }
         Ok(ModelTeam {
             members,
+            sampling: opts.sampling.clone(),
             samplers,
             adapters_from_turn: 1,
             paired: None,
@@ -105,13 +125,43 @@ impl ModelTeam {
         })
     }
 
-    /// Agent `a`, e.g. to give it an adapter and a value head for training.
+    /// Agent `a`, e.g. to give it an adapter and a value head for training. Panics for an
+    /// agent another process holds (see [`holds`](Self::holds)).
     pub fn agent_mut(&mut self, a: usize) -> &mut Agent {
-        &mut self.members[a].agent
+        &mut self.members[a]
+            .as_mut()
+            .unwrap_or_else(|| panic!("agent {a} is held by another process"))
+            .agent
     }
 
     pub fn agent(&self, a: usize) -> &Agent {
-        &self.members[a].agent
+        &self.member(a).agent
+    }
+
+    /// Whether this process holds agent `a`'s model (every agent, unless the team was
+    /// loaded with [`load_part`](Self::load_part)).
+    pub fn holds(&self, a: usize) -> bool {
+        self.members.get(a).is_some_and(Option::is_some)
+    }
+
+    fn member(&self, a: usize) -> &Member {
+        self.members[a]
+            .as_ref()
+            .unwrap_or_else(|| panic!("agent {a} is held by another process"))
+    }
+
+    /// Agent `a`'s model, or an error saying why it cannot speak here.
+    fn present(&self, a: usize) -> Result<&Member, String> {
+        match self.members.get(a) {
+            Some(Some(m)) => Ok(m),
+            Some(None) => Err(format!(
+                "agent {a} is held by another process (distributed.placement = \"agents\")"
+            )),
+            None => Err(format!(
+                "no agent {a}: the team has {} agents",
+                self.members.len()
+            )),
+        }
     }
 
     /// Answers turns before `turn` with the bare base models, ignoring the agents' adapters
@@ -150,14 +200,14 @@ impl ModelTeam {
         Seated {
             team: self,
             samplers: (0..self.members.len())
-                .map(|a| agent_sampler(self.members[a].sampling, seed, a))
+                .map(|a| agent_sampler(self.sampling[a], seed, a))
                 .collect(),
         }
     }
 
     /// How agent `agent` samples by default (the config's `generation` with its overrides).
     pub fn sampling(&self, agent: usize) -> SamplingParams {
-        self.members[agent].sampling
+        self.sampling[agent]
     }
 
     /// The number of agents.
@@ -192,19 +242,19 @@ impl ModelTeam {
             .collect::<anyhow::Result<_>>()?;
         let bare: Vec<Agent> = asks
             .iter()
-            .map(|&(a, _)| Agent::new(self.members[a].agent.base.clone()))
+            .map(|&(a, _)| Agent::new(self.member(a).agent.base.clone()))
             .collect();
         let speaking: Vec<&Agent> = (0..asks.len())
             .map(|k| {
                 if adapted {
-                    &self.members[asks[k].0].agent
+                    &self.member(asks[k].0).agent
                 } else {
                     &bare[k]
                 }
             })
             .collect();
         // All agents on one base read with one tokenizer and stop at the same tokens.
-        let voice = self.members[asks[0].0].voice.clone();
+        let voice = self.member(asks[0].0).voice.clone();
         let opts = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             stop_tokens: voice.stop_tokens.clone(),
@@ -245,7 +295,7 @@ impl ModelTeam {
                 .iter()
                 .zip(batch)
                 .filter_map(|(stream, &(k, _))| {
-                    stream.map(|s| Sampler::new(self.members[asks[k].0].sampling, s))
+                    stream.map(|s| Sampler::new(self.sampling[asks[k].0], s))
                 })
                 .collect();
             let mut own = own.iter_mut();
@@ -344,7 +394,7 @@ fn stream_seed(seed: u64, task: &str, agent: u32, turn: u32, occurrence: u64) ->
 impl ModelTeam {
     /// The token ids of the prompt `agent`'s model reads for `messages`.
     fn prompt_ids(&self, agent: usize, messages: &[ChatMessage]) -> anyhow::Result<Vec<u32>> {
-        let voice = &self.members[agent].voice;
+        let voice = &self.present(agent).map_err(anyhow::Error::msg)?.voice;
         let messages: Vec<model::ChatMessage> = messages
             .iter()
             .map(|m| model::ChatMessage::new(m.role.name(), &m.content))
@@ -361,14 +411,7 @@ impl ModelTeam {
 
 impl ModelTeam {
     fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
-        let a = agent as usize;
-        if a >= self.members.len() {
-            return Err(format!(
-                "a prompt for agent {agent}, but the team has {} agents",
-                self.members.len()
-            ));
-        }
-        let (tokens, context) = self.prompt_and_context(a, messages)?;
+        let (tokens, context) = self.prompt_and_context(agent as usize, messages)?;
         if tokens + self.max_new_tokens > context {
             return Err(format!(
                 "the prompt for agent {agent} is {tokens} tokens; with up to {} new tokens \
@@ -391,14 +434,10 @@ impl ModelTeam {
         let adapted = turn >= self.adapters_from_turn;
         let mut by_agent: Vec<Vec<usize>> = vec![Vec::new(); self.members.len()];
         for (i, r) in requests.iter().enumerate() {
-            match by_agent.get_mut(r.agent as usize) {
-                Some(asked) => asked.push(i),
-                None => bail!(
-                    "a request for agent {}, but the team has {} agents",
-                    r.agent,
-                    self.members.len()
-                ),
+            if let Err(why) = self.present(r.agent as usize) {
+                bail!("a request for agent {}: {why}", r.agent);
             }
+            by_agent[r.agent as usize].push(i);
         }
         let mut out: Vec<Option<Response>> = vec![None; requests.len()];
         // Generators on one base (adapters or not) generate together, one batch for all.
@@ -407,12 +446,12 @@ impl ModelTeam {
             if done[first] || by_agent[first].is_empty() {
                 continue;
             }
-            let base = &self.members[first].agent.base;
+            let base = &self.member(first).agent.base;
             let group: Vec<usize> = (first..self.members.len())
                 .filter(|&a| {
                     !by_agent[a].is_empty()
                         && !done[a]
-                        && Arc::ptr_eq(&self.members[a].agent.base, base)
+                        && Arc::ptr_eq(&self.member(a).agent.base, base)
                 })
                 .collect();
             group.iter().for_each(|&a| done[a] = true);
@@ -481,12 +520,7 @@ impl ModelTeam {
         agent: usize,
         messages: &[ChatMessage],
     ) -> Result<(usize, usize), String> {
-        let member = self.members.get(agent).ok_or_else(|| {
-            format!(
-                "no agent {agent}: the team has {} agents",
-                self.members.len()
-            )
-        })?;
+        let member = self.present(agent)?;
         let tokens = self
             .prompt_ids(agent, messages)
             .map_err(|e| format!("{e:#}"))?
@@ -531,10 +565,7 @@ impl ModelTeam {
         opts: &CompletionOptions,
         on_text: &mut dyn FnMut(usize, &str) -> bool,
     ) -> anyhow::Result<Completions> {
-        let member = self
-            .members
-            .get(agent)
-            .with_context(|| format!("no agent {agent}"))?;
+        let member = self.present(agent).map_err(anyhow::Error::msg)?;
         let prompt = self.prompt_ids(agent, messages)?;
         let voice = &member.voice;
         let gen = GenerateOptions {

@@ -201,6 +201,32 @@ pub fn check_agreement(world: &dyn World, items: &[(&str, String)]) -> anyhow::R
     Ok(())
 }
 
+/// Every rank's `mine`, sent as JSON, in rank order, on every rank; `what` names it in the
+/// error if a rank's is unreadable.
+pub fn gather_json<T: serde::Serialize + serde::de::DeserializeOwned>(
+    world: &dyn World,
+    mine: &T,
+    what: &str,
+) -> anyhow::Result<Vec<T>> {
+    use anyhow::Context as _;
+    world
+        .all_gather_bytes(&serde_json::to_vec(mine)?)?
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            serde_json::from_slice(bytes)
+                .with_context(|| format!("rank {r}'s {what} are not readable"))
+        })
+        .collect()
+}
+
+/// Which rank holds agent `agent` when a team's agents are split between `size` ranks
+/// (`distributed.placement = "agents"`): agent r on rank r, and round again when there are
+/// more agents than ranks.
+pub fn agent_rank(agent: usize, size: usize) -> usize {
+    agent % size.max(1)
+}
+
 /// The sha256 of this process's own executable (hex).
 pub fn binary_sha256() -> anyhow::Result<String> {
     use sha2::Digest as _;

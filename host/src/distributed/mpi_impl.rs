@@ -150,7 +150,10 @@ impl World for MpiWorld {
         } else {
             self.sent.fetch_add(len, Ordering::Relaxed);
         }
-        self.watched("broadcast", || root_process.broadcast_into(&mut data[..]));
+        // Nothing to send (MPI refuses an empty buffer's pointer).
+        if len > 0 {
+            self.watched("broadcast", || root_process.broadcast_into(&mut data[..]));
+        }
         Ok(())
     }
 

@@ -32,7 +32,8 @@ pub struct Evaluation {
 /// Under `mpirun -np N` (with `[distributed]`), each rank debates a contiguous share of the
 /// tasks and rank 0 gathers them and writes the run directory; since every response draws
 /// from its own stream (seed, task, agent, turn), the debates are the ones one process
-/// holds. The times are rank 0's.
+/// holds (with `placement = "agents"`, every rank takes part in every debate with its own
+/// agents). The times are rank 0's.
 pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<Evaluation> {
     let run_dir = PathBuf::from(&config.run_dir);
     let world = dist::world();
@@ -52,13 +53,8 @@ pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<E
     // one's sampling noise, question by question.
     session.team.pair_draws(Some(seed));
     let started = Instant::now();
-    let mine = &tasks[dist::shard(tasks.len(), world.rank(), world.size())];
-    let debated = session.debate_all(mine, "debating", progress)?;
-    let debates = if world.size() > 1 {
-        gather_debates(world, debated.debates)?
-    } else {
-        debated.debates
-    };
+    let debated = session.debate_all(share(&session, world, &tasks), "debating", progress)?;
+    let debates = gather_debates(&session, world, debated.debates)?;
     let elapsed = started.elapsed();
     let report = if leader {
         debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
@@ -76,9 +72,26 @@ pub fn evaluate(config: Config, progress: &mut dyn Progress) -> anyhow::Result<E
     })
 }
 
-/// Every rank's debates, in rank order, on every rank.
-fn gather_debates(world: &dyn World, mine: Vec<Debate>) -> anyhow::Result<Vec<Debate>> {
-    Ok(super::gather_json(world, &mine, "debates")?.concat())
+/// The tasks this rank debates: a contiguous share of them, or all of them when the team's
+/// agents are split between the ranks (every rank then takes part in every debate).
+fn share<'t>(session: &Session, world: &dyn World, tasks: &'t [Task]) -> &'t [Task] {
+    if session.config.spreads_agents() {
+        tasks
+    } else {
+        &tasks[dist::shard(tasks.len(), world.rank(), world.size())]
+    }
+}
+
+/// Every rank's debates of its [`share`], in rank order, on every rank.
+fn gather_debates(
+    session: &Session,
+    world: &dyn World,
+    mine: Vec<Debate>,
+) -> anyhow::Result<Vec<Debate>> {
+    if world.size() == 1 || session.config.spreads_agents() {
+        return Ok(mine);
+    }
+    Ok(dist::gather_json(world, &mine, "debates")?.concat())
 }
 
 /// Debates the held-out tasks with the team as it stands, writing `eval-NAME.json` and
@@ -104,19 +117,15 @@ pub(super) fn held_out(
     session.plugins.restart(u64::MAX)?;
     session.team.pair_draws(Some(seed));
     let label = format!("evaluating ({name})");
-    let mine = &held[dist::shard(held.len(), world.rank(), world.size())];
+    let mine = share(session, world, held);
     let debated = session
         .debate_all(mine, &label, progress)
         .with_context(|| format!("the held-out evaluation {name} training"));
     session.team.pair_draws(None);
     let debated = debated?;
     session.team.restore_rng_states(&samplers)?;
-    let debates = if world.size() > 1 {
-        gather_debates(world, debated.debates)
-            .with_context(|| format!("gathering the held-out evaluation {name} training"))?
-    } else {
-        debated.debates
-    };
+    let debates = gather_debates(session, world, debated.debates)
+        .with_context(|| format!("gathering the held-out evaluation {name} training"))?;
     if world.rank() != 0 {
         return Ok(crate::eval::evaluate(&debates));
     }

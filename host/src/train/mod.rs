@@ -173,11 +173,14 @@ struct Trainer {
     cursor: usize,
     metrics_lines: usize,
     plugin_hashes: PluginHashes,
-    /// The ranks of this run (`mpirun -np N`; a world of one without it). With more than
-    /// one, or with `[distributed]`, each step's debates are split between them
-    /// (`data_parallel`); rank 0 alone writes the run directory.
+    /// The ranks of this run (`mpirun -np N`; a world of one without it). With
+    /// `[distributed]`, every response draws from a stream of its own, and either each
+    /// step's debates are split between the ranks (`data_parallel`) or the team's agents are
+    /// (`spread`: each rank holds and updates its own agents, every rank holds every
+    /// debate); rank 0 alone writes the run directory.
     world: &'static dyn World,
     data_parallel: bool,
+    spread: bool,
 }
 
 impl Trainer {
@@ -189,7 +192,8 @@ impl Trainer {
         let run_dir = PathBuf::from(&config.run_dir);
         let checkpoints = Checkpoints::new(&run_dir);
         let world = dist::world();
-        let data_parallel = config.distributed.is_some();
+        let spread = config.spreads_agents();
+        let data_parallel = config.distributed.is_some() && !spread;
         check_distributed(world, &config)?;
         let leader = world.rank() == 0;
         let resume_from = if args.resume {
@@ -228,12 +232,13 @@ impl Trainer {
         let cfg = session.config.clone();
         let plugin_hashes = PluginHashes::of(&session.plugins);
         check_same_run(world, &cfg, &plugin_hashes)?;
-        let learner_ids: Vec<u32> = match cfg.train.mode {
-            TrainMode::Single => vec![0],
-            _ => (0..cfg.debate.agents).collect(),
-        };
+        // With the agents split between ranks, each rank trains the agents it holds.
         let mut learners = Vec::new();
-        for &a in &learner_ids {
+        let mine: Vec<u32> = learner_ids(&cfg)
+            .into_iter()
+            .filter(|&a| session.team.holds(a as usize))
+            .collect();
+        for a in mine {
             let dir = resume_from
                 .as_ref()
                 .map(|(_, p)| p.join(format!("agent-{a}")));
@@ -267,6 +272,7 @@ impl Trainer {
             run_dir,
             world,
             data_parallel,
+            spread,
         };
         match resume_from {
             Some((_, dir)) => trainer.restore(&dir, args.allow_plugin_change, progress)?,
@@ -354,9 +360,7 @@ impl Trainer {
         }
         progress.end();
         let adapters = self.run_dir.join("checkpoints/final");
-        if leader {
-            self.export_adapters(&adapters)?;
-        }
+        self.export_adapters(&adapters)?;
         let held_out = if self.held.is_empty() {
             None
         } else {
@@ -410,31 +414,32 @@ impl Trainer {
             .plugins
             .restart(step as u64)
             .with_context(|| format!("restarting the plugins for step {step}"))?;
-        let on_error = self.session.on_error();
         let started = Instant::now();
         let sent_before = self.world.bytes_sent();
         let (world, size) = (self.world, self.world.size());
-        let mine = if self.data_parallel {
+        if cfg.distributed.is_some() {
             // Each response its own stream, so a debate is the same whichever rank holds it.
             self.session
                 .team
                 .draw_per_request(Some(cfg.seed ^ ((step as u64 + 1) << 24)));
+        }
+        let mine = if self.data_parallel {
             &chunk[dist::shard(chunk.len(), world.rank(), size)]
         } else {
             &chunk[..]
         };
-        let mut rollout = debate::run(
-            &mut self.session.plugins,
-            &mut self.session.team,
-            mine,
-            cfg.debate.agents,
-            cfg.debate.turns,
-            on_error,
-        )
-        .with_context(|| format!("debates of step {step}"))?;
-        if size > 1 {
+        let mut rollout = self
+            .session
+            .debate(mine)
+            .with_context(|| format!("debates of step {step}"))?;
+        if size > 1 && self.data_parallel {
             rollout = gather_rollout(world, rollout)
                 .with_context(|| format!("gathering the debates of step {step}"))?;
+        }
+        if size > 1 && self.spread {
+            skew_rewards_for_tests(world, &mut rollout);
+            check_plugins_agree(world, &rollout, &self.session.config)
+                .with_context(|| format!("step {step}"))?;
         }
         let rollout_seconds = started.elapsed().as_secs_f64();
 
@@ -444,6 +449,9 @@ impl Trainer {
         let turns = self.trained_turns(step);
         let mut agents = BTreeMap::new();
         let mut update_tokens = 0;
+        // Data placement: every rank updates every agent on its share of the batch, summing
+        // gradients over ranks; agents placement: each rank updates its own agents alone.
+        let update_world: &dyn World = if self.spread { &dist::Single } else { world };
         for l in &mut self.learners {
             l.optimizer.set_lr(lr);
             let samples: Vec<_> = samples_of(&rollout.debates, l.agent)
@@ -459,7 +467,7 @@ impl Trainer {
             let temperature = cfg.agent_sampling(l.agent as usize).temperature;
             let stats = if l.turn_heads.is_empty() {
                 ppo_step_in(
-                    world,
+                    update_world,
                     agent,
                     &l.reference,
                     &mut l.optimizer,
@@ -495,7 +503,7 @@ impl Trainer {
                         weights: agent.weights.clone(),
                     };
                     let s = ppo_step_in(
-                        world,
+                        update_world,
                         &view,
                         &l.reference,
                         &mut l.optimizer,
@@ -525,6 +533,14 @@ impl Trainer {
             })?;
             update_tokens += stats.tokens;
             agents.insert(l.agent, stats);
+        }
+        if self.spread && size > 1 {
+            // Every rank's agents' statistics, for rank 0's metrics line.
+            agents = dist::gather_json(world, &agents, "update statistics")?
+                .into_iter()
+                .flatten()
+                .collect();
+            update_tokens = agents.values().map(|s| s.tokens).sum();
         }
         let update_seconds = started.elapsed().as_secs_f64();
         let report = crate::eval::evaluate(&rollout.debates);
@@ -567,8 +583,23 @@ impl Trainer {
     }
 
     /// Writes a checkpoint of the run as it stands after `self.step` steps: rank 0 writes
-    /// it (every rank holds the same agents), the others wait until it is complete.
+    /// it (every rank holds the same agents), the others wait until it is complete. With the
+    /// agents split between ranks, each writes its own agents into rank 0's staging
+    /// directory before rank 0 puts it in place.
     fn save_checkpoint(&self) -> anyhow::Result<PathBuf> {
+        if self.spread && self.world.size() > 1 {
+            let states = self.learner_states()?;
+            let name = self.checkpoints.dir().join(Checkpoints::name(self.step));
+            let keep = self.cfg.train.keep_checkpoints;
+            return stage_together(self.world, &|dir| self.write_learners(dir, true), |fill| {
+                self.checkpoints.save(self.step, keep, |dir| {
+                    fill(dir)?;
+                    self.write_state(dir, states)
+                })
+            })
+            .map(|saved| saved.unwrap_or(name))
+            .with_context(|| format!("writing the checkpoint of step {}", self.step));
+        }
         if self.world.rank() != 0 {
             self.world.barrier()?;
             return Ok(self.checkpoints.dir().join(Checkpoints::name(self.step)));
@@ -582,35 +613,67 @@ impl Trainer {
 
     fn write_checkpoint(&self) -> anyhow::Result<PathBuf> {
         let keep = self.cfg.train.keep_checkpoints;
+        let states = self.learner_states()?;
         self.checkpoints
             .save(self.step, keep, |dir| {
-                for l in &self.learners {
-                    let out = dir.join(format!("agent-{}", l.agent));
-                    self.save_agent(l, &out)?;
-                    l.optimizer.save(&out.join("optimizer.safetensors"))?;
-                }
-                state::stall_for_tests(&self.run_dir, self.step);
-                let st = state::TrainState {
-                    format: state::FORMAT,
-                    step: self.step,
-                    data_cursor: self.cursor,
-                    metrics_lines: self.metrics_lines,
-                    samplers: self.session.team.rng_states(),
-                    plugins: self.plugin_hashes.clone(),
-                    learners: self
-                        .learners
-                        .iter()
-                        .map(|l| state::LearnerState {
-                            agent: l.agent,
-                            kl: l.kl.clone(),
-                            optimizer_steps: l.optimizer.steps(),
-                        })
-                        .collect(),
-                    ranks: self.world.size(),
-                };
-                st.write(dir)
+                self.write_learners(dir, true)?;
+                self.write_state(dir, states)
             })
             .with_context(|| format!("writing the checkpoint of step {}", self.step))
+    }
+
+    /// This rank's learners under `dir/agent-N/`: their trained parts, and with
+    /// `optimizer` their AdamW state.
+    fn write_learners(&self, dir: &Path, optimizer: bool) -> anyhow::Result<()> {
+        for l in &self.learners {
+            let out = dir.join(format!("agent-{}", l.agent));
+            self.save_agent(l, &out)
+                .with_context(|| format!("writing agent {}", l.agent))?;
+            if optimizer {
+                l.optimizer.save(&out.join("optimizer.safetensors"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every learner's state for a checkpoint, in agent order (gathered from every rank when
+    /// the agents are split between them; a collective then).
+    fn learner_states(&self) -> anyhow::Result<Vec<state::LearnerState>> {
+        let mine: Vec<state::LearnerState> = self
+            .learners
+            .iter()
+            .map(|l| state::LearnerState {
+                agent: l.agent,
+                kl: l.kl.clone(),
+                optimizer_steps: l.optimizer.steps(),
+            })
+            .collect();
+        if !self.spread || self.world.size() == 1 {
+            return Ok(mine);
+        }
+        let mut all: Vec<state::LearnerState> =
+            dist::gather_json(self.world, &mine, "learner states")?
+                .into_iter()
+                .flatten()
+                .collect();
+        all.sort_by_key(|l| l.agent);
+        Ok(all)
+    }
+
+    /// The checkpoint's state file, last into its staging directory `dir`.
+    fn write_state(&self, dir: &Path, learners: Vec<state::LearnerState>) -> anyhow::Result<()> {
+        state::stall_for_tests(&self.run_dir, self.step);
+        state::TrainState {
+            format: state::FORMAT,
+            step: self.step,
+            data_cursor: self.cursor,
+            metrics_lines: self.metrics_lines,
+            samplers: self.session.team.rng_states(),
+            plugins: self.plugin_hashes.clone(),
+            learners,
+            ranks: self.world.size(),
+        }
+        .write(dir)
     }
 
     /// An agent's trained parts: PEFT adapter, value head(s), full weights.
@@ -657,7 +720,7 @@ impl Trainer {
                 state::plugin_change(&st.plugins, &self.plugin_hashes, dir)
             );
         }
-        let ids: Vec<u32> = self.learners.iter().map(|l| l.agent).collect();
+        let ids = learner_ids(&self.cfg);
         let saved: Vec<u32> = st.learners.iter().map(|l| l.agent).collect();
         if ids != saved {
             bail!(
@@ -665,7 +728,13 @@ impl Trainer {
                 dir.display()
             );
         }
-        for (l, s) in self.learners.iter_mut().zip(&st.learners) {
+        // This rank's learners (all of them, unless the agents are split between ranks).
+        for l in &mut self.learners {
+            let s = st
+                .learners
+                .iter()
+                .find(|s| s.agent == l.agent)
+                .expect("the checkpoint has every learner");
             let path = dir
                 .join(format!("agent-{}", l.agent))
                 .join("optimizer.safetensors");
@@ -700,15 +769,100 @@ impl Trainer {
         Ok(())
     }
 
-    /// The trained adapters and value heads in the PEFT layout, under `dir/agent-N/`.
+    /// The trained adapters and value heads in the PEFT layout, under `dir/agent-N/` (rank
+    /// 0 writes them; with the agents split between ranks, each rank its own, into rank 0's
+    /// staging directory).
     fn export_adapters(&self, dir: &Path) -> anyhow::Result<()> {
-        replace_dir(dir, |tmp| {
-            for l in &self.learners {
-                self.save_agent(l, &tmp.join(format!("agent-{}", l.agent)))?;
-            }
-            Ok(())
-        })
+        if self.spread && self.world.size() > 1 {
+            stage_together(self.world, &|tmp| self.write_learners(tmp, false), |fill| {
+                replace_dir(dir, |tmp| fill(tmp))
+            })?;
+            return Ok(());
+        }
+        if self.world.rank() == 0 {
+            replace_dir(dir, |tmp| self.write_learners(tmp, false))?;
+        }
+        Ok(())
     }
+}
+
+/// The agents a config trains: agent 0 alone in single-agent RL, else every agent.
+fn learner_ids(cfg: &Config) -> Vec<u32> {
+    match cfg.train.mode {
+        TrainMode::Single => vec![0],
+        _ => (0..cfg.debate.agents).collect(),
+    }
+}
+
+/// Writes a directory that holds every rank's learners and that rank 0 stages and puts in
+/// place at once (a checkpoint, the final adapters), for a run whose agents are split
+/// between ranks. Every rank calls it. On rank 0 it runs `stage`, which must call the fill
+/// it is given with its staging directory: the fill tells the other ranks where that is,
+/// every rank writes its own learners there with `mine`, and the fill returns once all have
+/// (or fails, on every rank, naming the rank that could not). Every rank ends with rank 0's
+/// outcome: rank 0's result as `Some`, the others' `None`; a failure anywhere leaves the
+/// previous directory as it was.
+fn stage_together<T>(
+    world: &dyn World,
+    mine: &dyn Fn(&Path) -> anyhow::Result<()>,
+    stage: impl FnOnce(&mut dyn FnMut(&Path) -> anyhow::Result<()>) -> anyhow::Result<T>,
+) -> anyhow::Result<Option<T>> {
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+    // Every rank's learners written, or the first rank's failure; the same on every rank.
+    let all_written = |dir: &Path| -> anyhow::Result<()> {
+        let failed = mine(dir).err().map(|e| format!("{e:#}"));
+        let all = dist::gather_json(world, &failed, "writes")?;
+        match all
+            .iter()
+            .enumerate()
+            .find_map(|(r, f)| Some((r, f.as_ref()?)))
+        {
+            Some((r, why)) => bail!("rank {r} could not write its agents: {why}"),
+            None => Ok(()),
+        }
+    };
+    if world.rank() != 0 {
+        let mut path = Vec::new();
+        world.broadcast_bytes(0, &mut path)?;
+        if path.is_empty() {
+            bail!("rank 0 could not make the staging directory (its error says why)");
+        }
+        let dir = PathBuf::from(std::ffi::OsString::from_vec(path));
+        all_written(&dir)?;
+        let mut outcome = Vec::new();
+        world.broadcast_bytes(0, &mut outcome)?;
+        if !outcome.is_empty() {
+            bail!(
+                "rank 0 could not finish {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&outcome)
+            );
+        }
+        return Ok(None);
+    }
+    // How far rank 0 got: 0 nothing sent, 1 the directory sent, 2 every rank wrote.
+    let mut reached = 0;
+    let result = stage(&mut |dir: &Path| {
+        let mut path = dir.as_os_str().as_bytes().to_vec();
+        world.broadcast_bytes(0, &mut path)?;
+        reached = 1;
+        all_written(dir)?;
+        reached = 2;
+        Ok(())
+    });
+    match reached {
+        // The others wait for a directory, or (once every rank wrote) for the outcome.
+        0 => world.broadcast_bytes(0, &mut Vec::new())?,
+        2 => {
+            let mut outcome = match &result {
+                Ok(_) => Vec::new(),
+                Err(e) => format!("{e:#}").into_bytes(),
+            };
+            world.broadcast_bytes(0, &mut outcome)?;
+        }
+        _ => {}
+    }
+    result.map(Some)
 }
 
 /// A learner for agent `a`: an adapter (or its own trainable weights), value head(s) and an
@@ -847,23 +1001,6 @@ fn check_same_run(world: &dyn World, cfg: &Config, plugins: &PluginHashes) -> an
     .context("checking that every rank runs the same run")
 }
 
-/// Every rank's `mine`, sent as JSON, in rank order, on every rank.
-fn gather_json<T: Serialize + serde::de::DeserializeOwned>(
-    world: &dyn World,
-    mine: &T,
-    what: &str,
-) -> anyhow::Result<Vec<T>> {
-    world
-        .all_gather_bytes(&serde_json::to_vec(mine)?)?
-        .iter()
-        .enumerate()
-        .map(|(r, bytes)| {
-            serde_json::from_slice(bytes)
-                .with_context(|| format!("rank {r}'s {what} are not readable"))
-        })
-        .collect()
-}
-
 fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout> {
     let shared: Vec<SharedDebate> = rollout
         .debates
@@ -885,7 +1022,7 @@ fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout
         })
         .collect();
     let mut debates = Vec::new();
-    for (r, theirs) in gather_json(world, &shared, "debates")?
+    for (r, theirs) in dist::gather_json(world, &shared, "debates")?
         .into_iter()
         .enumerate()
     {
@@ -920,6 +1057,82 @@ fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout
         team_time: rollout.team_time,
     })
 }
+
+/// With the agents split between ranks, every rank runs the plugins on the same debates,
+/// and the sandbox makes plugins deterministic, so the ranks must get the same plans and
+/// decisions, verdicts and rewards. Compares their sha256s, in the data's order (protocol,
+/// verifier, shaper), and stops the run naming the first plugin whose results differ.
+fn check_plugins_agree(world: &dyn World, rollout: &Rollout, cfg: &Config) -> anyhow::Result<()> {
+    use sha2::Digest as _;
+    let digest = |v: serde_json::Value| hex::encode(sha2::Sha256::digest(v.to_string()));
+    let d = &rollout.debates;
+    let mine = [
+        digest(serde_json::json!(d
+            .iter()
+            .map(|d| (&d.task.id, &d.speeches, &d.decisions, &d.error))
+            .collect::<Vec<_>>())),
+        digest(serde_json::json!(d
+            .iter()
+            .flat_map(|d| &d.transcript.utterances)
+            .map(|u| (u.turn, u.agent, &u.answer, u.score.to_bits(), u.correct))
+            .collect::<Vec<_>>())),
+        digest(serde_json::json!(d
+            .iter()
+            .flat_map(|d| &d.rewards)
+            .map(|r| {
+                let bits: Vec<(&String, u32)> =
+                    r.parts.iter().map(|(k, v)| (k, v.to_bits())).collect();
+                (r.turn, r.agent, r.total.to_bits(), bits)
+            })
+            .collect::<Vec<_>>())),
+    ];
+    let all = dist::gather_json(world, &mine, "plugin results")?;
+    let plugins = [
+        (
+            "protocol",
+            "plans and decisions",
+            &cfg.plugins.protocol.path,
+        ),
+        ("verifier", "verdicts", &cfg.plugins.verifier.path),
+        ("shaper", "rewards", &cfg.plugins.shaper.path),
+    ];
+    for (i, (slot, what, path)) in plugins.into_iter().enumerate() {
+        if let Some(r) = (1..all.len()).find(|&r| all[r][i] != all[0][i]) {
+            bail!(
+                "the {slot} plugin ({path}) gave rank {r} other {what} than rank 0 for the same \
+                 debates (sha256 {} against {}): with distributed.placement = \"agents\" every \
+                 rank runs the plugins, and they must give the same results for the same \
+                 inputs; nothing of this step was saved",
+                &all[r][i][..12],
+                &all[0][i][..12]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// With the `test-hooks` feature, `MAPORL_TEST_SKEW_REWARDS_ON_RANK=r` adds 0.001 to the
+/// first reward rank r's shaper gave, as a nondeterministic plugin would (the tests check
+/// that the ranks' comparison stops the run).
+#[cfg(feature = "test-hooks")]
+fn skew_rewards_for_tests(world: &dyn World, rollout: &mut Rollout) {
+    let Ok(rank) = std::env::var("MAPORL_TEST_SKEW_REWARDS_ON_RANK") else {
+        return;
+    };
+    if rank.parse::<usize>().ok() == Some(world.rank()) {
+        if let Some(r) = rollout
+            .debates
+            .iter_mut()
+            .flat_map(|d| &mut d.rewards)
+            .next()
+        {
+            r.total += 0.001;
+        }
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn skew_rewards_for_tests(_world: &dyn World, _rollout: &mut Rollout) {}
 
 /// Agent `agent`'s rewarded utterances in `debates` (those that failed are left out), with
 /// their token ids, in debate then turn order.
