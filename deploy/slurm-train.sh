@@ -4,6 +4,13 @@
 #
 #   sbatch deploy/slurm-train.sh configs/gsm8k-maporl.toml
 #
+# One agent per rank (`placement = "agents"`, a team whose models do not fit on one GPU
+# together): one rank per agent, each with a GPU of its own, which it sees as cuda:0 (so the
+# config's agents all say device = "cuda:0"):
+#
+#   MAPORL_PLACEMENT=agents sbatch --nodes=1 --ntasks-per-node=2 --gpus-per-task=1 \
+#     deploy/slurm-train.sh team.toml
+#
 # The run directory (the config's run_dir) must be on a filesystem every node sees: rank 0
 # writes it, and every rank reads the checkpoint on --resume. Slurm's PMIx plugin starts the
 # ranks (`srun --mpi=list` shows what this cluster has); the binary is built once, with
@@ -26,5 +33,5 @@ maporl=${MAPORL_BIN:-target/release/maporl}
 export MAPORL_COLLECTIVE_TIMEOUT=${MAPORL_COLLECTIVE_TIMEOUT:-1800}
 # --kill-on-bad-exit: one rank failing ends the others at once.
 srun --mpi=pmix --kill-on-bad-exit=1 "$maporl" train --config "$config" \
-  --set distributed.placement=data "$@"
+  --set distributed.placement="${MAPORL_PLACEMENT:-data}" "$@"
 # To continue after a failure (same number of ranks): sbatch deploy/slurm-train.sh CONFIG --resume

@@ -666,7 +666,9 @@ fn train_agents(
     model: &Path,
     extra: &[&str],
 ) -> String {
-    let extra: Vec<&str> = AGENTS.iter().chain(extra).copied().collect();
+    // Three held-out tasks, debated before and after training.
+    let held = ["--set", "data.held_out=3"];
+    let extra: Vec<&str> = AGENTS.iter().chain(&held).chain(extra).copied().collect();
     let out = job_on(config, "train", ranks, run, model, &extra, true)
         .output()
         .unwrap();
@@ -709,6 +711,7 @@ fn one_agent_per_rank_trains_as_one_process_does_and_resumes_exactly() {
             ["0", "1"],
             "both agents' statistics, gathered to rank 0: {line}"
         );
+        assert!(line["optimize_seconds"].as_f64().unwrap() > 0.0, "{line}");
     }
     let gap = close(
         &serde_json::Value::Array(comparable(&a)),
@@ -728,6 +731,23 @@ fn one_agent_per_rank_trains_as_one_process_does_and_resumes_exactly() {
     );
     assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
     eprintln!("agents on 2 ranks against 1 process: metrics within {gap}, weights within {weights}, moments within {moments}");
+    // The held-out evaluations: every rank takes part in every debate, rank 0 writes.
+    for f in [
+        "eval-before.json",
+        "transcripts-before.jsonl",
+        "eval-after.json",
+        "transcripts-after.jsonl",
+    ] {
+        let read = |run: &Path| std::fs::read_to_string(run.join(f)).unwrap();
+        assert_eq!(read(&one), read(&two), "{f}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(two.join("transcripts-after.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        3
+    );
     let state = std::fs::read_to_string(two.join("checkpoints/step-000003/state.json")).unwrap();
     assert!(state.contains("\"ranks\": 2"), "{state}");
     assert!(!two.join("checkpoints").read_dir().unwrap().any(|e| e

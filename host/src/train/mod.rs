@@ -128,7 +128,8 @@ struct Metrics {
     update_seconds: f64,
     /// The parts of `update_seconds`, summed over agents: scoring with the policy (old
     /// log-probs, values) and the reference; then the epochs × minibatches, of which
-    /// `backward_seconds` went to backward passes and AdamW.
+    /// `backward_seconds` went to backward passes and AdamW. With one agent per rank the
+    /// ranks' agents update at the same time, so the sums may exceed `update_seconds`.
     score_seconds: f64,
     optimize_seconds: f64,
     backward_seconds: f64,
@@ -534,12 +535,25 @@ impl Trainer {
             update_tokens += stats.tokens;
             agents.insert(l.agent, stats);
         }
+        let phase = |f: fn(&StepStats) -> f64| -> f64 { agents.values().map(f).sum() };
+        // The update's phases, summed over agents (timings are not part of the statistics
+        // that are serialized).
+        let mut phases = [
+            phase(|s| s.score_seconds),
+            phase(|s| s.optimize_seconds),
+            phase(|s| s.backward_seconds),
+        ];
         if self.spread && size > 1 {
-            // Every rank's agents' statistics, for rank 0's metrics line.
-            agents = dist::gather_json(world, &agents, "update statistics")?
-                .into_iter()
-                .flatten()
-                .collect();
+            // Every rank's agents' statistics and phases, for rank 0's metrics line.
+            let all = dist::gather_json(world, &(agents, phases), "update statistics")?;
+            phases = [0.0; 3];
+            agents = BTreeMap::new();
+            for (theirs, times) in all {
+                agents.extend(theirs);
+                for (sum, t) in phases.iter_mut().zip(times) {
+                    *sum += t;
+                }
+            }
             update_tokens = agents.values().map(|s| s.tokens).sum();
         }
         let update_seconds = started.elapsed().as_secs_f64();
@@ -552,12 +566,7 @@ impl Trainer {
             .sum();
         self.cursor += batch;
         self.step += 1;
-        let phase = |f: fn(&StepStats) -> f64| -> f64 { agents.values().map(f).sum() };
-        let (score_seconds, optimize_seconds, backward_seconds) = (
-            phase(|s| s.score_seconds),
-            phase(|s| s.optimize_seconds),
-            phase(|s| s.backward_seconds),
-        );
+        let [score_seconds, optimize_seconds, backward_seconds] = phases;
         let memory = crate::model::resident_mib();
         Ok(Metrics {
             step,
