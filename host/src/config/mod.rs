@@ -619,15 +619,12 @@ impl Config {
                      implemented in this maporl yet; use \"data\""
                 );
             }
-            if self.train.mode == TrainMode::Sft || self.train.mode == TrainMode::OffTheShelf {
+            if self.train.mode == TrainMode::OffTheShelf {
                 bail!(
-                    "[distributed] is for train.mode = \"maporl\" or \"single\"; train.mode \
-                     = \"{}\" runs in one process (remove [distributed])",
-                    if self.train.mode == TrainMode::Sft {
-                        "sft"
-                    } else {
-                        "off-the-shelf"
-                    }
+                    "[distributed] is for train.mode = \"maporl\", \"single\" or \"sft\"; \
+                     train.mode = \"off-the-shelf\" is an evaluation in one process (remove \
+                     [distributed], or share the evaluation between ranks with `mpirun -np N \
+                     maporl eval`)"
                 );
             }
         }
