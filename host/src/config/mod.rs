@@ -41,7 +41,8 @@ pub struct Config {
     /// `maporl warm-start`: how the tiny model at `model.path` is made (none: the model
     /// exists already).
     pub warm_start: Option<WarmStartConfig>,
-    /// One run over several processes (`mpirun -np N maporl train`); none: one process.
+    /// One run over several processes (`mpirun -np N maporl train`, `eval`, `verifier
+    /// train`); none: one process.
     pub distributed: Option<DistributedConfig>,
 }
 
