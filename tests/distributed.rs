@@ -337,6 +337,23 @@ fn two_ranks_evaluate_the_debates_one_process_holds() {
         "{}",
         text(&out)
     );
+    // So does the off-the-shelf baseline (an evaluation: `maporl eval` shares one), with
+    // [distributed] or without.
+    for distributed in [false, true] {
+        let run = dir.path().join(format!("off-{distributed}"));
+        let extra = ["--set", "train.mode=off-the-shelf"];
+        let out = job("train", Some(2), &run, &model, &extra, distributed)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let said = text(&out);
+        assert!(
+            said.contains("train.mode = \"off-the-shelf\" is an evaluation")
+                && said.contains("maporl eval"),
+            "{said}"
+        );
+        assert!(!run.exists(), "a refused run writes nothing");
+    }
 }
 
 #[test]
