@@ -1,7 +1,7 @@
 //! `mpirun -np 2 maporl train` on one machine (loopback and shared memory): data-parallel
-//! training makes the update one process makes on the same global batch, a resume needs the
-//! same number of ranks, and a rank that dies or hangs ends the whole job in bounded time,
-//! after which `--resume` continues exactly.
+//! training (MAPoRL, SFT, the learned verifier) makes the update one process makes on the
+//! same global batch, a resume needs the same number of ranks, and a rank that dies or hangs
+//! ends the whole job in bounded time, after which `--resume` continues exactly.
 //!
 //! Needs a build with the `mpi` feature and OpenMPI's `mpirun` (`cargo xtask test` installs
 //! it and enables both).
@@ -48,7 +48,8 @@ fn command_with(
     job("train", ranks, run, model, extra, distributed)
 }
 
-/// `maporl SUBCOMMAND` on the tiny run's config.
+/// `maporl SUBCOMMAND` on the tiny run's config (`subcommand`: words separated by spaces,
+/// e.g. "verifier train").
 fn job(
     subcommand: &str,
     ranks: Option<usize>,
@@ -89,7 +90,8 @@ fn job_on(
             c
         }
     };
-    cmd.args([subcommand, "--config", config.to_str().unwrap()]);
+    cmd.args(subcommand.split(' '))
+        .args(["--config", config.to_str().unwrap()]);
     for set in [
         format!("model.path={}", model.display()),
         format!("run_dir={}", run.display()),
@@ -341,10 +343,30 @@ fn two_ranks_evaluate_the_debates_one_process_holds() {
     .unwrap();
     assert!(!out.status.success());
     assert!(
-        text(&out).contains("only `maporl train` and `maporl eval` run over several processes"),
+        text(&out).contains(
+            "only `maporl train`, `maporl eval` and `maporl verifier train` run over several \
+             processes"
+        ),
         "{}",
         text(&out)
     );
+    // So does the off-the-shelf baseline (an evaluation: `maporl eval` shares one), with
+    // [distributed] or without.
+    for distributed in [false, true] {
+        let run = dir.path().join(format!("off-{distributed}"));
+        let extra = ["--set", "train.mode=off-the-shelf"];
+        let out = job("train", Some(2), &run, &model, &extra, distributed)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let said = text(&out);
+        assert!(
+            said.contains("train.mode = \"off-the-shelf\" is an evaluation")
+                && said.contains("maporl eval"),
+            "{said}"
+        );
+        assert!(!run.exists(), "a refused run writes nothing");
+    }
 }
 
 #[test]
@@ -638,6 +660,250 @@ fn sigusr1_to_mpirun_checkpoints_every_rank_after_the_same_step_and_resume_is_ex
     );
 }
 
+/// Every file under `dir`, by relative path.
+fn file_names(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The event files' names hold the host and the time: the directory without them.
+fn without_events(names: Vec<String>) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| !n.contains("events.out.tfevents"))
+        .collect()
+}
+
+/// The largest absolute value among the tensors under `dir` whose name holds `part`.
+fn largest(dir: &Path, part: &str) -> f32 {
+    tensors(dir)
+        .iter()
+        .filter(|(k, _)| k.contains(part))
+        .flat_map(|(_, v)| v.iter().map(|x| x.abs()))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn sft_on_two_ranks_tunes_the_adapters_one_process_tunes() {
+    // Five training tasks debated three and two, the best three kept (six utterances per
+    // agent), minibatches of three split two and one between the ranks, two epochs; three
+    // held-out tasks evaluated before and after, shared between the ranks.
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = [
+        "--set",
+        "train.mode=sft",
+        "--set",
+        "train.sft.top_fraction=0.5",
+        "--set",
+        "train.sft.epochs=2",
+        "--set",
+        "train.sft.batch_size=3",
+        "--set",
+        "train.sft.lr=0.01",
+        "--set",
+        "data.held_out=3",
+    ];
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let sft = |ranks: Option<usize>, run: &Path| {
+        let out = job("train", ranks, run, &model, &extra, true)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        text(&out)
+    };
+    sft(None, &one);
+    let printed = sft(Some(2), &two);
+    // Rank 0 alone speaks for the run and writes it: the same files as one process's.
+    assert_eq!(printed.matches("SFT done").count(), 1, "{printed}");
+    assert_eq!(
+        printed.matches("held-out tasks, after training:").count(),
+        1,
+        "{printed}"
+    );
+    assert_eq!(
+        without_events(file_names(&two)),
+        without_events(file_names(&one))
+    );
+    let read = |run: &Path, f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+    // The same debates (gathered from both ranks), so the same kept ones.
+    for f in [
+        "transcripts.jsonl",
+        "eval-before.json",
+        "transcripts-before.jsonl",
+    ] {
+        assert_eq!(read(&one, f), read(&two, f), "{f}");
+    }
+    assert_eq!(read(&two, "transcripts.jsonl").lines().count(), 5);
+    assert_eq!(read(&two, "transcripts-after.jsonl").lines().count(), 3);
+    let (a, b) = (metrics(&one), metrics(&two));
+    assert_eq!(a.len(), 4, "two agents x two epochs: {a:?}");
+    let gap = close(
+        &serde_json::Value::Array(comparable(&a)),
+        &serde_json::Value::Array(comparable(&b)),
+        1e-5,
+        "metrics",
+    );
+    let weights = tensor_gap(
+        &one.join("checkpoints/final"),
+        &two.join("checkpoints/final"),
+    );
+    assert!(weights <= 1e-5, "the adapters differ by {weights}");
+    // The tuning moved the adapters far more than the tolerance (LoRA's B starts at 0).
+    let moved = largest(&two.join("checkpoints/final"), "lora_B");
+    assert!(moved > 1e-3, "lora_B at most {moved}");
+    eprintln!("sft, np 2 against np 1: metrics within {gap}, adapters within {weights} (lora_B up to {moved})");
+}
+
+/// Labelled answers to "What is a + b?": `per_class` right and wrong per question.
+fn answers(path: &Path, questions: usize, per_class: usize) {
+    let mut out = Vec::new();
+    for q in 0..questions {
+        let (a, b) = (1 + q % 3, 1 + q / 3 % 2);
+        for k in 0..2 * per_class {
+            let correct = k % 2 == 0;
+            let c = if correct { a + b } else { a + b + 1 + k };
+            out.push(maporl::verifier::data::Sample {
+                task_id: format!("q{q}"),
+                question: format!("What is {a} + {b}?"),
+                response: format!("The answer is \\boxed{{{c}}}."),
+                correct,
+                answer: Some(c.to_string()),
+                reference: (a + b).to_string(),
+            });
+        }
+    }
+    maporl::verifier::data::write_jsonl(path, &out).unwrap();
+}
+
+/// `maporl verifier train` on the tiny model: 16 training answers in minibatches of 5 (the
+/// last of one, which rank 1 has no share of), 2 epochs (8 steps), validation on 8.
+fn verifier_train(
+    ranks: Option<usize>,
+    run: &Path,
+    model: &Path,
+    data: &Path,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec![
+        "--data".to_string(),
+        data.display().to_string(),
+        "--out".into(),
+        run.display().to_string(),
+    ];
+    for set in [
+        "verifier.max_response_tokens=64",
+        "verifier.train.epochs=2",
+        "verifier.train.batch_size=5",
+        "verifier.train.lr=0.002",
+        "verifier.train.lora_r=4",
+        "verifier.train.lora_alpha=8.0",
+        "verifier.train.val_fraction=0.25",
+        "verifier.train.checkpoint_every=0",
+    ] {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    job("verifier train", ranks, run, model, &args, true)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn verifier_train_on_two_ranks_trains_the_verifier_one_process_trains() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    answers(&data, 6, 2);
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let out = verifier_train(None, &one, &model, &data, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = verifier_train(Some(2), &two, &model, &data, &[]);
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    assert_eq!(
+        printed.matches("verifier trained: 8 steps").count(),
+        1,
+        "rank 0 alone speaks for the run: {printed}"
+    );
+    assert_eq!(
+        without_events(file_names(&two)),
+        without_events(file_names(&one))
+    );
+    let (a, b) = (metrics(&one), metrics(&two));
+    assert_eq!(a.len(), 2, "one line per epoch: {a:?}");
+    let gap = close(
+        &serde_json::Value::Array(comparable(&a)),
+        &serde_json::Value::Array(comparable(&b)),
+        1e-5,
+        "metrics",
+    );
+    let meta = |run: &Path| -> serde_json::Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(run.join("checkpoints/final/verifier.json")).unwrap(),
+        )
+        .unwrap()
+    };
+    close(&meta(&one), &meta(&two), 1e-5, "verifier.json");
+    // The adapter and head, and the optimizer's moments in the last checkpoint.
+    let weights = tensor_gap(
+        &one.join("checkpoints/final"),
+        &two.join("checkpoints/final"),
+    );
+    let moments = tensor_gap(
+        &one.join("checkpoints/step-000008"),
+        &two.join("checkpoints/step-000008"),
+    );
+    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
+    let moved = largest(&two.join("checkpoints/final"), "lora_B");
+    assert!(moved > 1e-3, "lora_B at most {moved}");
+    eprintln!(
+        "verifier train, np 2 against np 1: metrics within {gap}, weights within {weights}, \
+         moments within {moments} (lora_B up to {moved})"
+    );
+
+    // Stopped after step 3 on two ranks: a resume on one is refused, one on two ends as the
+    // uninterrupted run did, to the bit.
+    let run = dir.path().join("stopped");
+    let out = verifier_train(Some(2), &run, &model, &data, &["--stop-after", "3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let state = std::fs::read_to_string(run.join("checkpoints/step-000003/state.json")).unwrap();
+    assert!(state.contains("\"ranks\": 2"), "{state}");
+    let out = verifier_train(None, &run, &model, &data, &["--resume"]);
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("written by a run on 2 process(es), this run has 1")
+            && said.contains("mpirun -np 2"),
+        "{said}"
+    );
+    let out = verifier_train(Some(2), &run, &model, &data, &["--resume"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(comparable(&metrics(&run)), comparable(&metrics(&two)));
+    assert_eq!(
+        tensor_gap(
+            &run.join("checkpoints/final"),
+            &two.join("checkpoints/final")
+        ),
+        0.0
+    );
+}
+
 /// The tiny run's config with a team of two models, agent 0's `model` and agent 1's a copy
 /// of it in a directory of its own (so that one process loads two models, as a team of two
 /// model families would), and one agent per rank.
@@ -802,6 +1068,10 @@ fn one_agent_per_rank_evaluates_the_debates_one_process_holds() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "skews a rank's rewards through a hook: needs --features test-hooks"
+)]
 fn ranks_whose_plugins_disagree_stop_naming_the_plugin() {
     // With one agent per rank every rank runs the plugins; a rank whose shaper gives other
     // rewards for the same debates (as a nondeterministic plugin would) stops the run at

@@ -13,6 +13,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
+use crate::distributed::World;
+
 /// AdamW's hyper-parameters (learning rate aside, which the schedule sets every step).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
@@ -383,6 +385,139 @@ impl AgentOptimizer {
     }
 }
 
+/// One rank's micro-batch of a data-parallel update: its place in the minibatch, its
+/// weighted loss statistics (PPO: policy, value, entropy, approx. KL, clip fraction; SFT and
+/// the verifier: the loss) and its gradients ([`AgentOptimizer::flatten`]).
+pub(crate) struct Part {
+    pub(crate) index: u32,
+    pub(crate) stats: [f32; 5],
+    pub(crate) present: Vec<u8>,
+    pub(crate) grads: Vec<f32>,
+}
+
+impl Part {
+    fn encode(parts: &[Part]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend((parts.len() as u32).to_le_bytes());
+        for p in parts {
+            out.extend(p.index.to_le_bytes());
+            out.extend(p.stats.iter().flat_map(|v| v.to_le_bytes()));
+            out.extend((p.present.len() as u32).to_le_bytes());
+            out.extend(&p.present);
+            out.extend((p.grads.len() as u64).to_le_bytes());
+            out.extend(p.grads.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8], rank: usize) -> anyhow::Result<Vec<Part>> {
+        let mut at = 0;
+        let mut take = |n: usize| -> anyhow::Result<&[u8]> {
+            let s = bytes.get(at..at + n).with_context(|| {
+                format!("rank {rank}'s gradients end after {} bytes", bytes.len())
+            })?;
+            at += n;
+            Ok(s)
+        };
+        let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let f32s = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let n = u32_of(take(4)?);
+        let mut parts = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let index = u32_of(take(4)?);
+            let s = f32s(take(20)?);
+            let np = u32_of(take(4)?) as usize;
+            let present = take(np)?.to_vec();
+            let b = take(8)?;
+            let ng = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+            let grads = f32s(take(ng as usize * 4)?);
+            parts.push(Part {
+                index,
+                stats: [s[0], s[1], s[2], s[3], s[4]],
+                present,
+                grads,
+            });
+        }
+        Ok(parts)
+    }
+}
+
+/// Every rank's [`Part`]s of one optimizer step, in the parts' order (their `index`), on
+/// every rank; `expected` is how many the ranks compute between them, all told.
+pub(crate) fn gather_parts(
+    world: &dyn World,
+    mine: &[Part],
+    expected: usize,
+) -> anyhow::Result<Vec<Part>> {
+    let mut all = Vec::with_capacity(expected);
+    for (r, bytes) in world
+        .all_gather_bytes(&Part::encode(mine))?
+        .iter()
+        .enumerate()
+    {
+        all.extend(Part::decode(bytes, r)?);
+    }
+    all.sort_by_key(|p| p.index);
+    if all.len() != expected {
+        bail!(
+            "the ranks computed {} micro-batches of a minibatch of {expected}: they are not \
+             training on the same batch",
+            all.len()
+        );
+    }
+    Ok(all)
+}
+
+/// One optimizer step on a minibatch of `n` items shared between `world`'s ranks (a
+/// supervised update: SFT, the learned verifier). Rank r computes `part(range)` over its
+/// contiguous share of the items ([`shard`](crate::distributed::shard)): the loss of those
+/// items, weighted so that the parts add up to the minibatch's loss, and that weighted
+/// loss's value; the ranks exchange the gradients and every rank adds them in rank order
+/// before the step, so every rank takes the same step, the one a single process takes on
+/// the whole minibatch (up to the rounding of the sum). On one rank it is `part(0..n)` and
+/// [`AgentOptimizer::minimize`], as without ranks. Returns the gradient norm before
+/// clipping and the minibatch's loss (the parts' values summed in rank order).
+pub(crate) fn shared_step(
+    world: &dyn World,
+    optimizer: &mut AgentOptimizer,
+    n: usize,
+    max_norm: f64,
+    mut part: impl FnMut(std::ops::Range<usize>) -> anyhow::Result<Tensor>,
+) -> anyhow::Result<(f64, f32)> {
+    let (rank, size) = (world.rank(), world.size());
+    if size == 1 {
+        let loss = part(0..n)?;
+        let norm = optimizer.minimize(&loss, max_norm)?;
+        return Ok((norm, loss.to_scalar::<f32>()?));
+    }
+    let share = crate::distributed::shard(n, rank, size);
+    let mine = if share.is_empty() {
+        Vec::new()
+    } else {
+        let loss = part(share)?;
+        let (present, grads) = optimizer.flatten(&loss.backward()?)?;
+        vec![Part {
+            index: rank as u32,
+            stats: [loss.to_scalar::<f32>()?, 0.0, 0.0, 0.0, 0.0],
+            present,
+            grads,
+        }]
+    };
+    // The ranks with a share (all of them unless the minibatch has fewer items than ranks).
+    let all =
+        gather_parts(world, &mine, n.min(size)).context("exchanging the minibatch's gradients")?;
+    let mut loss = 0.0f32;
+    for p in &all {
+        optimizer.accumulate_flat(&p.present, &p.grads)?;
+        loss += p.stats[0];
+    }
+    Ok((optimizer.step(max_norm)?, loss))
+}
+
 /// The learning rate at `step` of `steps`: linear warmup over `warmup` steps, then linear
 /// decay to `final_fraction` of `base` at the last step (PAPER.md §5: decay to 0.1×).
 pub fn learning_rate(
@@ -656,5 +791,100 @@ mod tests {
             2.0,
             "a single step keeps the base rate"
         );
+    }
+
+    /// Ranks as threads of one process: each all-gather puts every thread's bytes in a slot
+    /// and hands all of them to everyone.
+    struct Threads {
+        rank: usize,
+        size: usize,
+        slots: std::sync::Arc<(std::sync::Mutex<Vec<Vec<u8>>>, std::sync::Barrier)>,
+    }
+
+    impl World for Threads {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn all_gather_bytes(&self, mine: &[u8]) -> anyhow::Result<Vec<Vec<u8>>> {
+            let (slots, barrier) = &*self.slots;
+            slots.lock().unwrap()[self.rank] = mine.to_vec();
+            barrier.wait();
+            let all = slots.lock().unwrap().clone();
+            barrier.wait();
+            Ok(all)
+        }
+        fn broadcast_bytes(&self, _root: usize, _data: &mut Vec<u8>) -> anyhow::Result<()> {
+            unimplemented!()
+        }
+        fn barrier(&self) -> anyhow::Result<()> {
+            self.slots.1.wait();
+            Ok(())
+        }
+        fn abort(&self, _code: i32) -> ! {
+            panic!("abort")
+        }
+    }
+
+    /// Three steps of least squares over `n` items per minibatch on `world`: the weights after.
+    fn least_squares(world: &dyn World, n: usize) -> Vec<f32> {
+        let w = var(&[0.5, -0.25, 1.0]);
+        let mut opt =
+            AgentOptimizer::new(vec![("w.weight".into(), w.clone())], 0.05, 0.01).unwrap();
+        let xs: Vec<[f32; 3]> = (0..n)
+            .map(|i| {
+                let i = i as f32;
+                [1.0, 0.3 * i - 0.7, (0.9 * i).sin()]
+            })
+            .collect();
+        let ys: Vec<f32> = (0..n).map(|i| (i as f32 * 1.3).cos()).collect();
+        for _ in 0..3 {
+            shared_step(world, &mut opt, n, 1.0, |share| {
+                let x: Vec<f32> = xs[share.clone()].iter().flatten().copied().collect();
+                let x = Tensor::from_vec(x, (share.len(), 3), &Device::Cpu)?;
+                let y = Tensor::from_slice(&ys[share.clone()], share.len(), &Device::Cpu)?;
+                let pred = x.matmul(&w.as_tensor().unsqueeze(1)?)?.squeeze(1)?;
+                Ok(((pred - y)?.sqr()?.sum_all()? / n as f64)?)
+            })
+            .unwrap();
+        }
+        w.as_tensor().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn a_step_shared_between_ranks_is_the_step_one_process_takes() {
+        // Five items over two ranks (three and two) and one item (rank 1 has no share): both
+        // ranks end with the same weights, those one process reaches, to within rounding.
+        for n in [5, 1] {
+            let alone = least_squares(&crate::distributed::Single, n);
+            let slots = std::sync::Arc::new((
+                std::sync::Mutex::new(vec![Vec::new(); 2]),
+                std::sync::Barrier::new(2),
+            ));
+            let ranks: Vec<Vec<f32>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..2)
+                    .map(|rank| {
+                        let world = Threads {
+                            rank,
+                            size: 2,
+                            slots: slots.clone(),
+                        };
+                        s.spawn(move || least_squares(&world, n))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(ranks[0], ranks[1], "the ranks' weights, {n} items");
+            for (a, b) in alone.iter().zip(&ranks[0]) {
+                assert!(
+                    (a - b).abs() < 1e-6,
+                    "{n} items: {alone:?} against {:?}",
+                    ranks[0]
+                );
+            }
+            assert_ne!(alone, vec![0.5, -0.25, 1.0], "the steps moved the weights");
+        }
     }
 }

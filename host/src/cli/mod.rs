@@ -90,18 +90,20 @@ enum DataCommand {
 pub fn main() -> i32 {
     logging::init();
     let cli = Cli::parse();
-    // Under mpirun/srun: `train` and `eval` join the launcher's world (one run over N processes);
-    // other commands run in one process only.
+    // Under mpirun/srun: `train`, `eval` and `verifier train` join the launcher's world (one
+    // run over N processes); other commands run in one process only.
     let world = match maporl::distributed::launched_size() {
         Some(n) if n > 1 => {
             let joined = match &cli.command {
-                Command::Train(_) | Command::Eval(_) => {
+                Command::Train(_)
+                | Command::Eval(_)
+                | Command::Verifier(verifier::VerifierCommand::Train(_)) => {
                     maporl::distributed::timeout_from_env().and_then(maporl::distributed::init)
                 }
                 _ => Err(anyhow::anyhow!(
                     "started as one of {n} processes (under mpirun or srun), but only \
-                     `maporl train` and `maporl eval` run over several processes; run this \
-                     command without mpirun"
+                     `maporl train`, `maporl eval` and `maporl verifier train` run over several \
+                     processes; run this command without mpirun"
                 )),
             };
             match joined {

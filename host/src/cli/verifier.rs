@@ -145,6 +145,11 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(&config.run_dir));
+    // Under mpirun (with [distributed]) one run over the ranks; rank 0 speaks for it and
+    // alone writes the run directory.
+    let world = maporl::distributed::world();
+    maporl::train::check_distributed(world, &config)?;
+    let leader = world.rank() == 0;
     let opts = TrainOptions {
         model: maporl::model::resolve_model(&model_name)?,
         model_name,
@@ -162,7 +167,7 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
             .context("verifier.device")?,
         resume: args.resume,
         stop_after: args.stop_after,
-        verbose: true,
+        verbose: leader,
     };
     // A fresh run directory made here, removed again if the run is refused before it began.
     let mut fresh = false;
@@ -170,23 +175,29 @@ fn train_cmd(args: TrainArgs) -> anyhow::Result<()> {
         // A resumed run must be the same run: only how long and how often to checkpoint
         // may change.
         maporl::train::check_config(&run_dir, &config)?;
-    } else {
-        if maporl::checkpoint::Checkpoints::new(&run_dir)
-            .latest()?
-            .is_some()
-        {
-            anyhow::bail!(
-                "{} already holds checkpoints of a verifier run: continue it with --resume, \
-                 or choose another --out",
-                run_dir.display()
-            );
-        }
+    } else if maporl::checkpoint::Checkpoints::new(&run_dir)
+        .latest()?
+        .is_some()
+    {
+        anyhow::bail!(
+            "{} already holds checkpoints of a verifier run: continue it with --resume, or \
+             choose another --out",
+            run_dir.display()
+        );
+    }
+    // Every rank has looked at the run directory before rank 0 writes into it.
+    maporl::train::check_same_config(world, &config, &[])
+        .context("checking that every rank runs the same verifier training")?;
+    if leader && !args.resume {
         fresh = !run_dir.exists();
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating run dir {}", run_dir.display()))?;
         maporl::files::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     }
     let stop = super::interrupt::interrupt_flag();
+    if world.size() > 1 {
+        super::interrupt::stop_on_sigusr1(stop.clone());
+    }
     let trained = train(&opts, &stop);
     if trained.is_err() && fresh {
         // Refused before it began (no model, bad data): leave nothing behind. A run that

@@ -41,7 +41,8 @@ pub struct Config {
     /// `maporl warm-start`: how the tiny model at `model.path` is made (none: the model
     /// exists already).
     pub warm_start: Option<WarmStartConfig>,
-    /// One run over several processes (`mpirun -np N maporl train`); none: one process.
+    /// One run over several processes (`mpirun -np N maporl train`, `eval`, `verifier
+    /// train`); none: one process.
     pub distributed: Option<DistributedConfig>,
 }
 
@@ -617,18 +618,22 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.distributed.is_some()
-            && (self.train.mode == TrainMode::Sft || self.train.mode == TrainMode::OffTheShelf)
-        {
-            bail!(
-                "[distributed] is for train.mode = \"maporl\" or \"single\"; train.mode \
-                 = \"{}\" runs in one process (remove [distributed])",
-                if self.train.mode == TrainMode::Sft {
-                    "sft"
-                } else {
-                    "off-the-shelf"
-                }
-            );
+        if let Some(d) = &self.distributed {
+            if self.train.mode == TrainMode::OffTheShelf {
+                bail!(
+                    "[distributed] is for train.mode = \"maporl\", \"single\" or \"sft\"; \
+                     train.mode = \"off-the-shelf\" is an evaluation in one process (remove \
+                     [distributed], or share the evaluation between ranks with `mpirun -np N \
+                     maporl eval`)"
+                );
+            }
+            if self.train.mode == TrainMode::Sft && d.placement == Placement::Agents {
+                bail!(
+                    "train.mode = \"sft\" over several ranks splits the data, not the team: \
+                     use distributed.placement = \"data\" (every rank holds the whole team), \
+                     or run it in one process"
+                );
+            }
         }
         for (slot, p) in [
             ("protocol", &self.plugins.protocol),

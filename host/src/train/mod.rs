@@ -75,15 +75,12 @@ pub fn run(
     stop: &AtomicBool,
 ) -> anyhow::Result<Outcome> {
     let ranks = dist::world().size();
-    if ranks > 1 && matches!(config.train.mode, TrainMode::OffTheShelf | TrainMode::Sft) {
+    if ranks > 1 && config.train.mode == TrainMode::OffTheShelf {
         bail!(
-            "train.mode = \"{}\" runs in one process, but this one was started on {ranks} \
-             (mpirun -np {ranks}); run it without mpirun",
-            if config.train.mode == TrainMode::Sft {
-                "sft"
-            } else {
-                "off-the-shelf"
-            }
+            "train.mode = \"off-the-shelf\" is an evaluation and runs in one process, but this \
+             one was started on {ranks} (mpirun -np {ranks}); run it without mpirun, or \
+             share the evaluation between ranks with `mpirun -np {ranks} maporl eval` (with \
+             [distributed])"
         );
     }
     match config.train.mode {
@@ -969,8 +966,9 @@ struct SharedIds {
 /// Every rank's debates of a step, in rank order (the order of the step's tasks), on every
 /// rank: the rollout one process would have made of the whole batch. The times stay this
 /// rank's.
-/// Refuses a run started on several processes whose config has no `[distributed]` table.
-fn check_distributed(world: &dyn World, config: &Config) -> anyhow::Result<()> {
+/// Refuses a run started on several processes whose config has no `[distributed]` table
+/// (`maporl train`, `eval` and `verifier train`).
+pub fn check_distributed(world: &dyn World, config: &Config) -> anyhow::Result<()> {
     if world.size() > 1 && config.distributed.is_none() {
         bail!(
             "this run was started on {} processes (mpirun -np {}), but its config has no \
@@ -986,28 +984,41 @@ fn check_distributed(world: &dyn World, config: &Config) -> anyhow::Result<()> {
 /// On several ranks: stops every rank unless all run the same binary, config and plugins
 /// (sha256s), naming what differs and where.
 fn check_same_run(world: &dyn World, cfg: &Config, plugins: &PluginHashes) -> anyhow::Result<()> {
+    check_same_config(
+        world,
+        cfg,
+        &[(
+            "plugins (protocol, verifier, shaper sha256)",
+            format!(
+                "{}, {}, {}",
+                plugins.protocol, plugins.verifier, plugins.shaper
+            ),
+        )],
+    )
+    .context("checking that every rank runs the same run")
+}
+
+/// On several ranks: stops every rank unless all run the same binary and resolved config
+/// (sha256s) and agree on `more`'s (what, fingerprint) pairs, naming what differs and where
+/// ([`dist::check_agreement`]). Nothing on one.
+pub fn check_same_config(
+    world: &dyn World,
+    cfg: &Config,
+    more: &[(&str, String)],
+) -> anyhow::Result<()> {
     if world.size() == 1 {
         return Ok(());
     }
     use sha2::Digest as _;
-    dist::check_agreement(
-        world,
-        &[
-            ("maporl binary (sha256)", dist::binary_sha256()?),
-            (
-                "config (sha256 of the resolved config.toml)",
-                hex::encode(sha2::Sha256::digest(cfg.to_toml().as_bytes())),
-            ),
-            (
-                "plugins (protocol, verifier, shaper sha256)",
-                format!(
-                    "{}, {}, {}",
-                    plugins.protocol, plugins.verifier, plugins.shaper
-                ),
-            ),
-        ],
-    )
-    .context("checking that every rank runs the same run")
+    let mut items = vec![
+        ("maporl binary (sha256)", dist::binary_sha256()?),
+        (
+            "config (sha256 of the resolved config.toml)",
+            hex::encode(sha2::Sha256::digest(cfg.to_toml().as_bytes())),
+        ),
+    ];
+    items.extend(more.iter().cloned());
+    dist::check_agreement(world, &items)
 }
 
 fn gather_rollout(world: &dyn World, rollout: Rollout) -> anyhow::Result<Rollout> {

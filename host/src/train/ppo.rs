@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::config::{KlEstimator, PpoConfig};
 use crate::distributed::{Single, World};
 use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace, PrefixScored};
-use crate::optim::AgentOptimizer;
+use crate::optim::{gather_parts, AgentOptimizer, Part};
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
 /// at (1-based), and its shaped reward.
@@ -209,67 +209,6 @@ pub fn ppo_step(
     ppo_step_in(
         &Single, agent, reference, optimizer, batch, kl_control, cfg, seed,
     )
-}
-
-/// One rank's micro-batch of a data-parallel update: its place in the minibatch, its
-/// weighted loss statistics (policy, value, entropy, approx. KL, clip fraction) and its
-/// gradients ([`AgentOptimizer::flatten`]).
-struct Part {
-    index: u32,
-    stats: [f32; 5],
-    present: Vec<u8>,
-    grads: Vec<f32>,
-}
-
-impl Part {
-    fn encode(parts: &[Part]) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend((parts.len() as u32).to_le_bytes());
-        for p in parts {
-            out.extend(p.index.to_le_bytes());
-            out.extend(p.stats.iter().flat_map(|v| v.to_le_bytes()));
-            out.extend((p.present.len() as u32).to_le_bytes());
-            out.extend(&p.present);
-            out.extend((p.grads.len() as u64).to_le_bytes());
-            out.extend(p.grads.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        out
-    }
-
-    fn decode(bytes: &[u8], rank: usize) -> anyhow::Result<Vec<Part>> {
-        let mut at = 0;
-        let mut take = |n: usize| -> anyhow::Result<&[u8]> {
-            let s = bytes.get(at..at + n).with_context(|| {
-                format!("rank {rank}'s gradients end after {} bytes", bytes.len())
-            })?;
-            at += n;
-            Ok(s)
-        };
-        let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let f32s = |b: &[u8]| -> Vec<f32> {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        let n = u32_of(take(4)?);
-        let mut parts = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let index = u32_of(take(4)?);
-            let s = f32s(take(20)?);
-            let np = u32_of(take(4)?) as usize;
-            let present = take(np)?.to_vec();
-            let b = take(8)?;
-            let ng = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-            let grads = f32s(take(ng as usize * 4)?);
-            parts.push(Part {
-                index,
-                stats: [s[0], s[1], s[2], s[3], s[4]],
-                present,
-                grads,
-            });
-        }
-        Ok(parts)
-    }
 }
 
 /// [`ppo_step`] as one of `world`'s ranks (data-parallel; a world of one is `ppo_step`).
@@ -485,24 +424,8 @@ pub fn ppo_step_in(
             if size > 1 {
                 // Every rank's micro-batches, added in the minibatch's order.
                 let started = Instant::now();
-                let mut all = Vec::with_capacity(parts.len());
-                for (r, bytes) in world
-                    .all_gather_bytes(&Part::encode(&mine))
-                    .context("exchanging the micro-batches' gradients")?
-                    .iter()
-                    .enumerate()
-                {
-                    all.extend(Part::decode(bytes, r)?);
-                }
-                all.sort_by_key(|p| p.index);
-                if all.len() != parts.len() {
-                    bail!(
-                        "the ranks computed {} micro-batches of a minibatch of {}: they are not \
-                         training on the same batch",
-                        all.len(),
-                        parts.len()
-                    );
-                }
+                let all = gather_parts(world, &mine, parts.len())
+                    .context("exchanging the micro-batches' gradients")?;
                 for p in &all {
                     optimizer.accumulate_flat(&p.present, &p.grads)?;
                     add_part_stats(&mut stats, &p.stats);

@@ -2,6 +2,13 @@
 //! data, the best `train.sft.top_fraction` of them by total shaped reward kept, and every
 //! agent fine-tuned with a LoRA adapter on its own utterances in those debates
 //! (cross-entropy on the response tokens).
+//!
+//! Under `mpirun -np N` (with `[distributed]`) it is one run over the ranks, as `train.mode =
+//! "maporl"` is: each rank debates a contiguous share of the tasks (every response drawing
+//! from a stream of its own, so a debate does not depend on its rank) and every rank gathers
+//! them all; every rank keeps the same best debates; each minibatch of the fine-tuning is
+//! split between the ranks and their gradients added in rank order before AdamW, so every
+//! rank holds the adapters one process would train; rank 0 alone writes the run directory.
 
 use crate::model::Pass;
 use std::io::Write as _;
@@ -14,13 +21,13 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::samples_of;
-use super::{evaluate, Outcome};
+use super::{check_distributed, check_same_run, evaluate, gather_rollout, Outcome};
 use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::Config;
-use crate::debate::{self, Debate, PluginHashes};
-use crate::distributed::Single;
+use crate::debate::{self, Debate, PluginHashes, Rollout};
+use crate::distributed as dist;
 use crate::model::{score, Lora, LoraConfig};
-use crate::optim::AgentOptimizer;
+use crate::optim::{shared_step, AgentOptimizer};
 use crate::session::{held_out, tasks, Progress, Session};
 
 /// One line of `metrics.jsonl`: an epoch of one agent.
@@ -43,6 +50,10 @@ struct Metrics {
 
 pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result<Outcome> {
     let run_dir = PathBuf::from(&config.run_dir);
+    let world = dist::world();
+    check_distributed(world, &config)?;
+    let leader = world.rank() == 0;
+    let data_parallel = config.distributed.is_some();
     if Checkpoints::new(&run_dir).latest()?.is_some() || run_dir.join("metrics.jsonl").exists() {
         anyhow::bail!(
             "{} already holds a training run; choose another run_dir",
@@ -50,20 +61,46 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
         );
     }
     let (held, tasks) = held_out(tasks(&config)?, &config)?;
-    // Refusals (model, plugins, limits) come before anything is written.
+    // Refusals (model, plugins, limits, ranks that disagree) come before anything is
+    // written; every rank has looked at the run directory before rank 0 writes into it.
     let mut session = Session::open(config)?;
-    session.start_run_dir(&run_dir)?;
+    let hashes = PluginHashes::of(&session.plugins);
+    check_same_run(world, &session.config, &hashes)?;
+    if leader {
+        session.start_run_dir(&run_dir)?;
+    }
     let cfg = session.config.clone();
     let sft = &cfg.train.sft;
 
-    // 1. The off-the-shelf team's debates.
-    let debates = session
-        .debate_all(&tasks, "debating (off the shelf)", progress)?
-        .debates;
-    let hashes = PluginHashes::of(&session.plugins);
-    debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
+    // 1. The off-the-shelf team's debates, each rank a share of them.
+    if data_parallel {
+        // Each response its own stream (those of a MAPoRL run's first step), so a debate is
+        // the same whichever rank holds it.
+        session.team.draw_per_request(Some(cfg.seed ^ (1 << 24)));
+    }
+    let mine = &tasks[dist::shard(tasks.len(), world.rank(), world.size())];
+    let debated = session.debate_all(mine, "debating (off the shelf)", progress);
+    if data_parallel {
+        session.team.draw_per_request(None);
+    }
+    let debated = debated?;
+    let debates = if world.size() > 1 {
+        let rollout = Rollout {
+            debates: debated.debates,
+            plugin_time: debated.plugin_time,
+            team_time: debated.team_time,
+        };
+        gather_rollout(world, rollout)
+            .context("gathering the off-the-shelf team's debates")?
+            .debates
+    } else {
+        debated.debates
+    };
+    if leader {
+        debate::write_transcripts(&run_dir.join("transcripts.jsonl"), &debates, &hashes)?;
+    }
 
-    // 2. The best of them.
+    // 2. The best of them (the same on every rank: every rank holds every debate).
     let kept = best(&debates, sft.top_fraction);
     progress.note(&format!(
         "kept {} of {} debates (top {:.0}% by total reward)",
@@ -73,10 +110,18 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
     ));
 
     // 3. Every agent learns its own utterances in them.
+    // Rank 0 writes the metrics and events; the other ranks compute the same lines.
     let metrics_path = run_dir.join("metrics.jsonl");
-    let mut metrics = std::fs::File::create(&metrics_path)
-        .with_context(|| format!("creating {}", metrics_path.display()))?;
-    let mut events = crate::tensorboard::EventWriter::create(&run_dir, None)?;
+    let mut outputs = if leader {
+        let metrics = std::fs::File::create(&metrics_path)
+            .with_context(|| format!("creating {}", metrics_path.display()))?;
+        Some((
+            metrics,
+            crate::tensorboard::EventWriter::create(&run_dir, None)?,
+        ))
+    } else {
+        None
+    };
     let t = &cfg.train;
     for a in 0..cfg.debate.agents {
         // Turns before `adapter_from_turn` are spoken by the base, not the adapter.
@@ -111,16 +156,27 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
             order.shuffle(&mut rng);
             let (mut loss_sum, mut norm_sum, mut tokens, mut batches) = (0.0, 0.0, 0, 0);
             for batch in order.chunks(sft.batch_size.max(1)) {
-                let pairs: Vec<(Vec<u32>, Vec<u32>)> = batch
-                    .iter()
-                    .map(|&i| (samples[i].prompt.clone(), samples[i].response.clone()))
-                    .collect();
-                let scored = score(agent, &pairs, Pass::Training, t.ppo.chunk)?;
-                let n = scored.mask.sum_all()?.to_scalar::<f32>()?;
-                let loss = ((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / n as f64)?;
-                norm_sum += optimizer.minimize(&loss, t.ppo.max_grad_norm)?;
-                loss_sum += f64::from(loss.to_scalar::<f32>()?) * f64::from(n);
-                tokens += n as usize;
+                // The minibatch's mean over its response tokens, each rank's share of the
+                // responses weighted by the minibatch's token count, not its own.
+                let n: usize = batch.iter().map(|&i| samples[i].response.len()).sum();
+                let (norm, loss) = shared_step(
+                    world,
+                    &mut optimizer,
+                    batch.len(),
+                    t.ppo.max_grad_norm,
+                    |share| {
+                        let pairs: Vec<(Vec<u32>, Vec<u32>)> = batch[share]
+                            .iter()
+                            .map(|&i| (samples[i].prompt.clone(), samples[i].response.clone()))
+                            .collect();
+                        let scored = score(agent, &pairs, Pass::Training, t.ppo.chunk)?;
+                        Ok(((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / n as f64)?)
+                    },
+                )
+                .with_context(|| format!("fine-tuning agent {a} in epoch {epoch}"))?;
+                norm_sum += norm;
+                loss_sum += f64::from(loss) * n as f64;
+                tokens += n;
                 batches += 1;
             }
             let memory = crate::model::resident_mib();
@@ -138,34 +194,39 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                 "agent {a} epoch {epoch}: loss {:.4} over {} responses",
                 line.loss, line.samples
             ));
-            serde_json::to_writer(&mut metrics, &line)?;
-            metrics.write_all(b"\n")?;
-            let scalars = crate::tensorboard::scalars_of(
-                &serde_json::to_value(&line)?,
-                &format!("agent_{a}"),
-                &["agent", "epoch"],
-            );
-            events.scalars(epoch as i64, &scalars)?;
+            if let Some((metrics, events)) = &mut outputs {
+                serde_json::to_writer(&mut *metrics, &line)?;
+                metrics.write_all(b"\n")?;
+                let scalars = crate::tensorboard::scalars_of(
+                    &serde_json::to_value(&line)?,
+                    &format!("agent_{a}"),
+                    &["agent", "epoch"],
+                );
+                events.scalars(epoch as i64, &scalars)?;
+            }
         }
     }
 
-    // 4. The adapters, in the PEFT layout.
+    // 4. The adapters, in the PEFT layout (rank 0's; every rank holds the same).
     let final_dir = run_dir.join("checkpoints/final");
-    replace_dir(&final_dir, |tmp| {
-        for a in 0..cfg.debate.agents {
-            if let Some(lora) = &session.team.agent(a as usize).lora {
-                lora.save(&tmp.join(format!("agent-{a}")), cfg.agent_model(a as usize))?;
+    if leader {
+        replace_dir(&final_dir, |tmp| {
+            for a in 0..cfg.debate.agents {
+                if let Some(lora) = &session.team.agent(a as usize).lora {
+                    lora.save(&tmp.join(format!("agent-{a}")), cfg.agent_model(a as usize))?;
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })?;
+    }
+    // The held-out evaluations are shared between the ranks, as a training run's are.
     let held_out = if cfg.data.held_out > 0 {
         // The untrained team's debates on the held-out set, then the tuned team's.
         let tuned: Vec<_> = (0..cfg.debate.agents as usize)
             .map(|a| session.team.agent_mut(a).lora.take())
             .collect();
         let before = evaluate::held_out(
-            &Single,
+            world,
             &mut session,
             &held,
             &run_dir,
@@ -177,7 +238,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
             session.team.agent_mut(a).lora = lora;
         }
         let after = evaluate::held_out(
-            &Single,
+            world,
             &mut session,
             &held,
             &run_dir,

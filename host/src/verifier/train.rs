@@ -2,6 +2,12 @@
 //! response token (the paper's code) or on the last token only; validation AUC and ECE per
 //! epoch; checkpoints as the trainer's (`checkpoints/step-N`, atomic, `latest`, exact
 //! resume), and the result in `checkpoints/final`.
+//!
+//! Under `mpirun -np N` it is one run over the ranks ([`crate::distributed`]): each rank
+//! computes the loss and gradients of a contiguous share of every minibatch, the ranks add
+//! the gradients in rank order, and every rank takes the same AdamW step, the one a single
+//! process takes; rank 0 alone validates and writes the run directory, and a resume needs the
+//! number of ranks the checkpoint was written with.
 
 use crate::model::Pass;
 use std::io::Write as _;
@@ -21,9 +27,10 @@ use super::metrics::Validation;
 use super::{Meta, VerifierModel, HEAD_FILE, META_FILE};
 use crate::checkpoint::{replace_dir, truncate_lines, Checkpoints, STATE_FILE};
 use crate::config::VerifierTrainConfig;
+use crate::distributed as dist;
 use crate::files::write_atomic;
 use crate::model::{Lora, LoraConfig, ValueHead};
-use crate::optim::{learning_rate, AgentOptimizer};
+use crate::optim::{learning_rate, shared_step, AgentOptimizer};
 
 /// Bumped when the checkpoint layout changes (2: the epoch's running loss).
 const FORMAT: u32 = 2;
@@ -75,6 +82,14 @@ struct State {
     /// through JSON), and how many steps: a resume mid-epoch reports the same epoch loss.
     epoch_loss_bits: u64,
     epoch_steps: usize,
+    /// The number of ranks (processes) the run has (1 in checkpoints from before runs over
+    /// several): a resume needs as many.
+    #[serde(default = "one")]
+    ranks: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One line of `metrics.jsonl`: the end of an epoch.
@@ -138,6 +153,10 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         crate::files::DATASET_MAX,
         "verifier data",
     )?));
+    let world = dist::world();
+    let leader = world.rank() == 0;
+    dist::check_agreement(world, &[("verifier data (sha256)", data_sha256.clone())])
+        .context("checking that every rank trains on the same data")?;
     let (train_idx, val_idx) = split(&samples, t.val_fraction, opts.seed);
     if train_idx.is_empty() {
         bail!(
@@ -197,11 +216,24 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                     data_sha256.get(..12).unwrap_or(&data_sha256)
                 );
             }
+            if st.ranks != world.size() {
+                bail!(
+                    "cannot resume from {}: it was written by a run on {} process(es), this run \
+                     has {}; resume it with `mpirun -np {}` (or without mpirun for 1), since the \
+                     gradients' sum depends on the number of ranks",
+                    dir.display(),
+                    st.ranks,
+                    world.size(),
+                    st.ranks
+                );
+            }
             restore(&model, &mut optimizer, &dir, hidden)?;
             start = st.step;
             metrics_lines = st.metrics_lines;
             epoch_loss = (f64::from_bits(st.epoch_loss_bits), st.epoch_steps);
-            truncate_lines(&metrics_path, metrics_lines)?;
+            if leader {
+                truncate_lines(&metrics_path, metrics_lines)?;
+            }
             if opts.verbose {
                 println!("resuming from {} (step {start})", dir.display());
             }
@@ -217,14 +249,23 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         ),
         (None, false) => {}
     }
-    std::fs::create_dir_all(&opts.run_dir)
-        .with_context(|| format!("creating {}", opts.run_dir.display()))?;
-    if start == 0 {
-        std::fs::write(&metrics_path, b"")
-            .with_context(|| format!("creating {}", metrics_path.display()))?;
-    }
-    let resume_at = (start > 0).then_some(start as i64 + 1);
-    let mut events = crate::tensorboard::EventWriter::create(&opts.run_dir, resume_at)?;
+    // Rank 0 alone writes the run directory (every rank has looked at it by now: the data's
+    // agreement above was a collective).
+    let mut events = if leader {
+        std::fs::create_dir_all(&opts.run_dir)
+            .with_context(|| format!("creating {}", opts.run_dir.display()))?;
+        if start == 0 {
+            std::fs::write(&metrics_path, b"")
+                .with_context(|| format!("creating {}", metrics_path.display()))?;
+        }
+        let resume_at = (start > 0).then_some(start as i64 + 1);
+        Some(crate::tensorboard::EventWriter::create(
+            &opts.run_dir,
+            resume_at,
+        )?)
+    } else {
+        None
+    };
 
     let bs = t.batch_size.max(1);
     let per_epoch = train_idx.len().div_ceil(bs);
@@ -237,10 +278,16 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         steps,
         validation,
     };
+    // Rank 0 writes the checkpoint (every rank holds the same weights and moments); the
+    // others wait until it is complete.
     let save = |step: usize,
                 metrics_lines: usize,
                 epoch_loss: (f64, usize),
-                optimizer: &AgentOptimizer| {
+                optimizer: &AgentOptimizer|
+     -> anyhow::Result<()> {
+        if !leader {
+            return world.barrier();
+        }
         checkpoints.save(step, t.keep_checkpoints, |dir| {
             write_weights(&model, dir, &meta(step, None))?;
             optimizer.save(&dir.join(OPTIMIZER_FILE))?;
@@ -251,15 +298,19 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                 metrics_lines,
                 epoch_loss_bits: epoch_loss.0.to_bits(),
                 epoch_steps: epoch_loss.1,
+                ranks: world.size(),
             };
             write_atomic(
                 &dir.join(STATE_FILE),
                 serde_json::to_string_pretty(&st)?.as_bytes(),
             )
-        })
+        })?;
+        world.barrier()
     };
+    // On rank 0 only: it alone reports and writes (the others go on to the next step's
+    // exchange and wait there).
     let validate = |model: &VerifierModel| -> anyhow::Result<Option<Validation>> {
-        if val_idx.is_empty() {
+        if val_idx.is_empty() || !leader {
             return Ok(None);
         }
         let pairs: Vec<(Vec<u32>, Vec<u32>)> = val_idx.iter().map(|&i| ids[i].clone()).collect();
@@ -279,25 +330,38 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             opts.seed ^ (epoch as u64 + 1),
         ));
         let batch: Vec<usize> = order[b * bs..((b + 1) * bs).min(order.len())].to_vec();
-        let pairs: Vec<(Vec<u32>, Vec<u32>)> = batch.iter().map(|&i| ids[i].clone()).collect();
-        let y: Vec<f32> = batch
-            .iter()
-            .map(|&i| f32::from(u8::from(labels[i])))
-            .collect();
-        let y = Tensor::from_vec(y, (batch.len(), 1), model.agent.base.device())?;
-        let out = model.response_logits(&pairs, Pass::Training)?;
-        let z = out.logits.to_dtype(DType::F32)?;
-        let loss = if t.loss == "last-token" {
-            let r = z.dim(1)?;
-            bce_with_logits(&z.narrow(1, r - 1, 1)?, &y)?.mean_all()?
-        } else {
-            let per_token = bce_with_logits(&z, &y.broadcast_as(z.shape())?.contiguous()?)?;
-            ((per_token * &out.mask)?.sum_all()? / out.mask.sum_all()?.to_scalar::<f32>()? as f64)?
-        };
         let lr = learning_rate(step, total, 0, t.lr, 0.1);
         optimizer.set_lr(lr);
-        optimizer.minimize(&loss, t.max_grad_norm)?;
-        let l = f64::from(loss.to_scalar::<f32>()?);
+        // The loss of the whole minibatch, each rank's share weighted by the minibatch's
+        // size (last token) or response tokens (every token), not its own.
+        let tokens: usize = batch.iter().map(|&i| ids[i].1.len()).sum();
+        let (_, loss) = shared_step(
+            world,
+            &mut optimizer,
+            batch.len(),
+            t.max_grad_norm,
+            |share| {
+                let part = &batch[share];
+                let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+                    part.iter().map(|&i| ids[i].clone()).collect();
+                let y: Vec<f32> = part
+                    .iter()
+                    .map(|&i| f32::from(u8::from(labels[i])))
+                    .collect();
+                let y = Tensor::from_vec(y, (part.len(), 1), model.agent.base.device())?;
+                let out = model.response_logits(&pairs, Pass::Training)?;
+                let z = out.logits.to_dtype(DType::F32)?;
+                Ok(if t.loss == "last-token" {
+                    let r = z.dim(1)?;
+                    (bce_with_logits(&z.narrow(1, r - 1, 1)?, &y)?.sum_all()? / batch.len() as f64)?
+                } else {
+                    let per_token = bce_with_logits(&z, &y.broadcast_as(z.shape())?.contiguous()?)?;
+                    ((per_token * &out.mask)?.sum_all()? / tokens as f64)?
+                })
+            },
+        )
+        .with_context(|| format!("verifier training step {}", step + 1))?;
+        let l = f64::from(loss);
         if b == 0 {
             epoch_loss = (0.0, 0);
         }
@@ -316,16 +380,18 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                 resident_mib: memory.map(|m| m.now),
                 peak_resident_mib: memory.map(|m| m.peak),
             };
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&metrics_path)
-                .with_context(|| format!("writing {}", metrics_path.display()))?;
-            serde_json::to_writer(&mut f, &line)?;
-            f.write_all(b"\n")?;
+            if let Some(events) = &mut events {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&metrics_path)
+                    .with_context(|| format!("writing {}", metrics_path.display()))?;
+                serde_json::to_writer(&mut f, &line)?;
+                f.write_all(b"\n")?;
+                let scalars =
+                    crate::tensorboard::scalars_of(&serde_json::to_value(&line)?, "", &["step"]);
+                events.scalars(step as i64, &scalars)?;
+            }
             metrics_lines += 1;
-            let scalars =
-                crate::tensorboard::scalars_of(&serde_json::to_value(&line)?, "", &["step"]);
-            events.scalars(step as i64, &scalars)?;
             if opts.verbose {
                 match &v {
                     Some(v) => println!(
@@ -347,7 +413,10 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
             last_validation = v;
         }
         let periodic = t.checkpoint_every > 0 && step % t.checkpoint_every == 0;
-        let halt = stop.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| step >= s);
+        // A stop request on any rank stops every rank after the same step.
+        let mut flag = [f32::from(u8::from(stop.load(Ordering::SeqCst)))];
+        world.all_reduce_sum(&mut flag)?;
+        let halt = flag[0] > 0.0 || opts.stop_after.is_some_and(|s| step >= s);
         if periodic || halt || step == total {
             save(step, metrics_lines, epoch_loss, &optimizer)?;
         }
@@ -366,6 +435,13 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         last_validation = validate(&model)?;
     }
     let final_dir = checkpoints.dir().join("final");
+    if !leader {
+        return Ok(Outcome {
+            steps: total,
+            validation: None,
+            final_dir: Some(final_dir),
+        });
+    }
     replace_dir(&final_dir, |dir| {
         write_weights(&model, dir, &meta(total, last_validation.clone()))
     })?;
