@@ -484,10 +484,31 @@ fn wait_bounded(
     ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
 )]
 fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
+    killed_rank_then_resume(&[]);
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
+)]
+fn with_one_agent_per_rank_a_killed_rank_ends_the_job_and_resume_continues_exactly() {
+    // Rank 1 dies after writing its agent into the staging directory of step 2, while rank
+    // 0 finishes it: the half-made checkpoint is not taken, the resume starts from step 1.
+    killed_rank_then_resume(&AGENTS);
+}
+
+/// Kills rank 1 of a two-rank run (`placement`: extra arguments) while rank 0 writes the
+/// checkpoint of step 2; the job must end by itself, and `--resume` must continue from
+/// step 1's checkpoint to the run that was never killed.
+fn killed_rank_then_resume(placement: &[&str]) {
     let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let every = ["--set", "train.checkpoint_every=1"];
+    let every: Vec<&str> = ["--set", "train.checkpoint_every=1"]
+        .into_iter()
+        .chain(placement.iter().copied())
+        .collect();
     let whole = dir.path().join("whole");
     train(Some(2), &whole, &model, &every);
 
@@ -524,7 +545,8 @@ fn a_killed_rank_ends_the_job_and_resume_continues_exactly() {
         "the last complete checkpoint"
     );
 
-    train(Some(2), &run, &model, &["--resume", every[0], every[1]]);
+    let resume: Vec<&str> = ["--resume"].into_iter().chain(every).collect();
+    train(Some(2), &run, &model, &resume);
     assert_eq!(
         comparable(&metrics(&run)),
         comparable(&metrics(&whole)),
