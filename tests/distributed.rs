@@ -201,6 +201,28 @@ fn close(a: &serde_json::Value, b: &serde_json::Value, tol: f64, at: &str) -> f6
     }
 }
 
+/// Two 3-step training runs made the same updates, within 1e-5: every metric (but times,
+/// memory and bytes sent), the final adapters and value heads, and the optimizer's moments
+/// in the last checkpoint. Prints the largest differences, after `what`.
+fn assert_same_training(one: &Path, two: &Path, what: &str) {
+    let gap = close(
+        &serde_json::Value::Array(comparable(&metrics(one))),
+        &serde_json::Value::Array(comparable(&metrics(two))),
+        1e-5,
+        "metrics",
+    );
+    let weights = tensor_gap(
+        &one.join("checkpoints/final"),
+        &two.join("checkpoints/final"),
+    );
+    let moments = tensor_gap(
+        &one.join("checkpoints/step-000003"),
+        &two.join("checkpoints/step-000003"),
+    );
+    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
+    eprintln!("{what}: metrics within {gap}, weights within {weights}, moments within {moments}");
+}
+
 /// Every tensor of every safetensors file under `dir`, by relative path and name.
 fn tensors(dir: &Path) -> BTreeMap<String, Vec<f32>> {
     let mut out = BTreeMap::new();
@@ -276,23 +298,7 @@ fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
         a[0].get("collective_bytes").is_none(),
         "one process sends nothing"
     );
-    let gap = close(
-        &serde_json::Value::Array(comparable(&a)),
-        &serde_json::Value::Array(comparable(&b)),
-        1e-5,
-        "metrics",
-    );
-    // Adapters and value heads, and the optimizer's moments in the last checkpoint.
-    let weights = tensor_gap(
-        &one.join("checkpoints/final"),
-        &two.join("checkpoints/final"),
-    );
-    let moments = tensor_gap(
-        &one.join("checkpoints/step-000003"),
-        &two.join("checkpoints/step-000003"),
-    );
-    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
-    eprintln!("np 2 against np 1: metrics within {gap}, weights within {weights}, moments within {moments}");
+    assert_same_training(&one, &two, "np 2 against np 1");
     // The run directory is rank 0's alone: one config, one lock, no second metrics file.
     for f in ["config.toml", "plugins.lock", "metrics.jsonl"] {
         assert!(two.join(f).is_file(), "{f}");
@@ -682,22 +688,9 @@ fn sigusr1_to_mpirun_checkpoints_every_rank_after_the_same_step_and_resume_is_ex
     );
 }
 
-/// Every file under `dir`, by relative path.
+/// Every file under `dir`, by relative path, in order.
 fn file_names(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap().display().to_string());
-            }
-        }
-    }
-    out.sort();
-    out
+    files(dir).into_keys().collect()
 }
 
 /// The event files' names hold the host and the time: the directory without them.
@@ -989,7 +982,7 @@ fn one_agent_per_rank_trains_as_one_process_does_and_resumes_exactly() {
         "{printed}"
     );
     assert_eq!(printed.matches("trained 3 steps").count(), 1, "{printed}");
-    let (a, b) = (metrics(&one), metrics(&two));
+    let b = metrics(&two);
     assert_eq!(b.len(), 3, "rank 0 alone writes the metrics");
     for line in &b {
         assert!(line["collective_bytes"].as_u64().unwrap() > 0, "{line}");
@@ -1001,24 +994,9 @@ fn one_agent_per_rank_trains_as_one_process_does_and_resumes_exactly() {
         );
         assert!(line["optimize_seconds"].as_f64().unwrap() > 0.0, "{line}");
     }
-    let gap = close(
-        &serde_json::Value::Array(comparable(&a)),
-        &serde_json::Value::Array(comparable(&b)),
-        1e-5,
-        "metrics",
-    );
     // Each rank wrote its own agent (adapter, value head, AdamW moments) into rank 0's
     // checkpoint and final adapters.
-    let weights = tensor_gap(
-        &one.join("checkpoints/final"),
-        &two.join("checkpoints/final"),
-    );
-    let moments = tensor_gap(
-        &one.join("checkpoints/step-000003"),
-        &two.join("checkpoints/step-000003"),
-    );
-    assert!(weights <= 1e-5 && moments <= 1e-5, "{weights} {moments}");
-    eprintln!("agents on 2 ranks against 1 process: metrics within {gap}, weights within {weights}, moments within {moments}");
+    assert_same_training(&one, &two, "agents on 2 ranks against 1 process");
     // The held-out evaluations: every rank takes part in every debate, rank 0 writes.
     for f in [
         "eval-before.json",

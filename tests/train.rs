@@ -81,24 +81,6 @@ fn without_timings(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Every file under `dir`, relative path -> bytes.
-fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().display().to_string();
-                out.insert(rel, std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
-}
-
 fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-qwen2");
     std::fs::create_dir(&model).unwrap();

@@ -468,21 +468,9 @@ fn verifier_metrics(run: &std::path::Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Every file under `dir`, relative path -> bytes.
+/// Every file under `dir`, relative path -> bytes; there must be some.
 fn files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().display().to_string();
-                out.insert(rel, std::fs::read(&p).unwrap());
-            }
-        }
-    }
+    let out = support::files(dir);
     assert!(!out.is_empty(), "{} holds no files", dir.display());
     out
 }
