@@ -70,9 +70,8 @@ pub trait Team {
     }
 
     /// [`admit`](Self::admit) of every prompt of a turn, in order (a team spread over
-    /// several processes answers for all of them at once).
-    /// Fails only where the team cannot judge at all (a team spread over processes that
-    /// cannot hear each other).
+    /// several processes judges them all at once). Fails only where the team cannot judge
+    /// at all (its processes cannot hear each other).
     fn admit_all(&self, asks: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Result<(), String>>> {
         Ok(asks.iter().map(|&(a, m)| self.admit(a, m)).collect())
     }
