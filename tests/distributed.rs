@@ -574,13 +574,28 @@ fn killed_rank_then_resume(placement: &[&str]) {
     ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
 )]
 fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
+    // Rank 1 waits for the checkpoint in a barrier.
+    hung_rank(&[], "barrier");
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "stalls a checkpoint through a hook: needs --features test-hooks"
+)]
+fn with_one_agent_per_rank_a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
+    // Rank 1 has written its agent and waits for rank 0 to say how the checkpoint ended.
+    hung_rank(&AGENTS, "broadcast (size)");
+}
+
+/// Rank 0 stalls (10 minutes) in the checkpoint of step 1; rank 1's `collective` gives up
+/// after 5 s, and its exit ends the job.
+fn hung_rank(placement: &[&str], collective: &str) {
     let _job = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let run = dir.path().join("hung");
-    // Rank 0 stalls (10 minutes) in the checkpoint of step 1; rank 1's barrier gives up
-    // after 5 s, and its exit ends the job.
-    let mut cmd = command(Some(2), &run, &model, &[]);
+    let mut cmd = command(Some(2), &run, &model, placement);
     cmd.env("MAPORL_TEST_STALL_CHECKPOINT", "1")
         .env("MAPORL_COLLECTIVE_TIMEOUT", "5")
         .args(["--set", "train.checkpoint_every=1"])
@@ -596,7 +611,9 @@ fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
         "the stall was reached: {err}"
     );
     assert!(
-        err.contains("rank 1 of 2: the collective `barrier` has waited more than 5 s"),
+        err.contains(&format!(
+            "rank 1 of 2: the collective `{collective}` has waited more than 5 s"
+        )),
         "{err}"
     );
     eprintln!("the job ended {took:?} after it started");
