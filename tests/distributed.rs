@@ -226,26 +226,21 @@ fn assert_same_training(one: &Path, two: &Path, what: &str) {
 /// Every tensor of every safetensors file under `dir`, by relative path and name.
 fn tensors(dir: &Path) -> BTreeMap<String, Vec<f32>> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "safetensors") {
-                let rel = p.strip_prefix(dir).unwrap().display().to_string();
-                let file = candle_core::safetensors::load(&p, &candle_core::Device::Cpu).unwrap();
-                for (name, t) in file {
-                    let v = t
-                        .to_dtype(candle_core::DType::F32)
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f32>()
-                        .unwrap();
-                    out.insert(format!("{rel}:{name}"), v);
-                }
-            }
+    for (rel, bytes) in files(dir) {
+        if !rel.ends_with(".safetensors") {
+            continue;
+        }
+        let file = candle_core::safetensors::load_buffer(&bytes, &candle_core::Device::Cpu)
+            .unwrap_or_else(|e| panic!("{rel}: {e}"));
+        for (name, t) in file {
+            let v = t
+                .to_dtype(candle_core::DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            out.insert(format!("{rel}:{name}"), v);
         }
     }
     out

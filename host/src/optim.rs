@@ -816,8 +816,10 @@ mod tests {
             barrier.wait();
             Ok(all)
         }
-        fn broadcast_bytes(&self, _root: usize, _data: &mut Vec<u8>) -> anyhow::Result<()> {
-            unimplemented!()
+        fn broadcast_bytes(&self, root: usize, data: &mut Vec<u8>) -> anyhow::Result<()> {
+            let mut all = self.all_gather_bytes(data)?;
+            *data = all.swap_remove(root);
+            Ok(())
         }
         fn barrier(&self) -> anyhow::Result<()> {
             self.slots.1.wait();

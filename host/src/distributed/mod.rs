@@ -220,6 +220,33 @@ pub fn gather_json<T: serde::Serialize + serde::de::DeserializeOwned>(
         .collect()
 }
 
+/// Whether any rank says `yes` (e.g. a stop request that reached one rank, so that every
+/// rank stops after the same step). A collective: every rank must call it.
+pub fn any(world: &dyn World, yes: bool) -> anyhow::Result<bool> {
+    let mut flag = [f32::from(u8::from(yes))];
+    world.all_reduce_sum(&mut flag)?;
+    Ok(flag[0] > 0.0)
+}
+
+/// Refuses to resume from the checkpoint `dir`, written by a run on `written` ranks, on a
+/// world of another size; `why` says what depends on the number of ranks.
+pub fn check_resume_ranks(
+    world: &dyn World,
+    written: usize,
+    dir: &std::path::Path,
+    why: &str,
+) -> anyhow::Result<()> {
+    if written != world.size() {
+        bail!(
+            "cannot resume from {}: it was written by a run on {written} process(es), this run \
+             has {}; resume it with `mpirun -np {written}` (or without mpirun for 1), since {why}",
+            dir.display(),
+            world.size()
+        );
+    }
+    Ok(())
+}
+
 /// Which rank holds agent `agent` when a team's agents are split between `size` ranks
 /// (`distributed.placement = "agents"`): agent r on rank r, and round again when there are
 /// more agents than ranks.

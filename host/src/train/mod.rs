@@ -340,9 +340,7 @@ impl Trainer {
             self.metrics_lines += 1;
             progress.advance(1);
             // A stop request on any rank stops every rank after the same step.
-            let mut flag = [f32::from(u8::from(stop.load(Ordering::SeqCst)))];
-            self.world.all_reduce_sum(&mut flag)?;
-            let interrupted = flag[0] > 0.0;
+            let interrupted = dist::any(self.world, stop.load(Ordering::SeqCst))?;
             let stopping = interrupted || stop_after.is_some_and(|n| self.step >= n);
             if stopping || (every > 0 && self.step.is_multiple_of(every)) || self.step == steps {
                 let checkpoint = self.save_checkpoint()?;
@@ -709,17 +707,12 @@ impl Trainer {
         progress: &mut dyn Progress,
     ) -> anyhow::Result<()> {
         let st = state::TrainState::read(dir)?;
-        if st.ranks != self.world.size() {
-            bail!(
-                "cannot resume from {}: it was written by a run on {} process(es), this run has \
-                 {}; resume it with `mpirun -np {}` (or without mpirun for 1), since the \
-                 debates' split and the updates' order depend on the number of ranks",
-                dir.display(),
-                st.ranks,
-                self.world.size(),
-                st.ranks
-            );
-        }
+        dist::check_resume_ranks(
+            self.world,
+            st.ranks,
+            dir,
+            "the debates' split and the updates' order depend on the number of ranks",
+        )?;
         if st.plugins != self.plugin_hashes && !allow_plugin_change {
             bail!(
                 "{}",

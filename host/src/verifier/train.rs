@@ -216,17 +216,12 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                     data_sha256.get(..12).unwrap_or(&data_sha256)
                 );
             }
-            if st.ranks != world.size() {
-                bail!(
-                    "cannot resume from {}: it was written by a run on {} process(es), this run \
-                     has {}; resume it with `mpirun -np {}` (or without mpirun for 1), since the \
-                     gradients' sum depends on the number of ranks",
-                    dir.display(),
-                    st.ranks,
-                    world.size(),
-                    st.ranks
-                );
-            }
+            dist::check_resume_ranks(
+                world,
+                st.ranks,
+                &dir,
+                "the gradients' sum depends on the number of ranks",
+            )?;
             restore(&model, &mut optimizer, &dir, hidden)?;
             start = st.step;
             metrics_lines = st.metrics_lines;
@@ -414,9 +409,8 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
         }
         let periodic = t.checkpoint_every > 0 && step % t.checkpoint_every == 0;
         // A stop request on any rank stops every rank after the same step.
-        let mut flag = [f32::from(u8::from(stop.load(Ordering::SeqCst)))];
-        world.all_reduce_sum(&mut flag)?;
-        let halt = flag[0] > 0.0 || opts.stop_after.is_some_and(|s| step >= s);
+        let halt = dist::any(world, stop.load(Ordering::SeqCst))?
+            || opts.stop_after.is_some_and(|s| step >= s);
         if periodic || halt || step == total {
             save(step, metrics_lines, epoch_loss, &optimizer)?;
         }
