@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::replace_dir;
 use crate::config::{Config, WarmStartConfig};
-use crate::debate::{self, OnPluginError, Plugins, ScriptedTeam};
+use crate::debate::{self, OnPluginError, Persuasion, Plugins, ScriptedTeam};
 use crate::model::{self, score, Agent, Base, ChatTemplate};
 use crate::optim::{learning_rate, AgentOptimizer};
 use crate::transcript::Task;
@@ -84,10 +84,11 @@ pub fn warm_start(
     let mut tasks = teacher_tasks(ws.tasks + ws.drills, config, exclude);
     let drills = tasks.split_off(ws.tasks.min(tasks.len()));
     let agents = config.debate.agents;
+    let (to_right, to_wrong) = ws.adopt_rates();
     let mut team = ScriptedTeam::new(
         &tasks,
         vec![ws.teacher_skill; agents as usize],
-        ws.teacher_persuadability,
+        Persuasion { to_right, to_wrong },
         config.seed,
     );
     let mut debates = Vec::with_capacity(tasks.len());
@@ -295,15 +296,50 @@ fn learn_tokenizer<'a>(
 /// (fewer when the question space runs out).
 fn teacher_tasks(count: usize, config: &Config, exclude: &[Task]) -> Vec<Task> {
     let excluded: HashSet<&str> = exclude.iter().map(|t| t.question.as_str()).collect();
+    let families = match config.warm_start.as_ref().map(|w| w.families.as_slice()) {
+        Some(f) if !f.is_empty() => f.to_vec(),
+        _ => vec![config.data.difficulty],
+    };
+    let k = families.len();
+    // Each family's share, then the families interleaved so that tasks and drills (the
+    // front and the back of the list) both hold every family.
+    let shares: Vec<Vec<Task>> = families
+        .iter()
+        .enumerate()
+        .map(|(i, &family)| {
+            let share = count / k + usize::from(i < count % k);
+            // A stream of its own, so the teachers' questions are not the run's questions
+            // reordered (the first family's is the one a single family has).
+            let stream = (config.seed ^ 0x7761_726d).wrapping_add((i as u64) << 40);
+            family_tasks(share, family, stream, &excluded)
+        })
+        .collect();
+    let longest = shares.iter().map(Vec::len).max().unwrap_or(0);
+    let mut iters: Vec<_> = shares.into_iter().map(Vec::into_iter).collect();
+    (0..longest)
+        .flat_map(|_| {
+            iters
+                .iter_mut()
+                .filter_map(Iterator::next)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `count` distinct questions of one family from `stream` on, none of them `excluded`.
+fn family_tasks(
+    count: usize,
+    difficulty: u32,
+    mut stream: u64,
+    excluded: &HashSet<&str>,
+) -> Vec<Task> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(count);
-    // A stream of its own, so the teachers' questions are not the run's questions reordered.
-    let mut stream = config.seed ^ 0x7761_726d;
     let mut barren = 0;
     // Until enough, or 8 batches in a row bring nothing new (the question space is used up).
     while out.len() < count && barren < 8 {
         let before = out.len();
-        for t in crate::data::arithmetic(count, config.data.difficulty, stream) {
+        for t in crate::data::arithmetic(count, difficulty, stream) {
             if out.len() < count
                 && !excluded.contains(t.question.as_str())
                 && seen.insert(t.question.clone())
@@ -315,6 +351,22 @@ fn teacher_tasks(count: usize, config: &Config, exclude: &[Task]) -> Vec<Task> {
         barren = if out.len() == before { barren + 1 } else { 0 };
     }
     out
+}
+
+/// The questions a warm start keeps out of its teachers' debates and drills: the run's own
+/// (what `data` selects), in every family of `warm_start.families`, so that a model made on
+/// two families has seen neither family's evaluation questions.
+pub fn excluded(config: &Config) -> anyhow::Result<Vec<Task>> {
+    let mut out = crate::session::tasks(config)?;
+    let families = config.warm_start.as_ref().map(|w| w.families.clone());
+    for f in families.unwrap_or_default() {
+        if f != config.data.difficulty {
+            let mut other = config.clone();
+            other.data.difficulty = f;
+            out.extend(crate::session::tasks(&other)?);
+        }
+    }
+    Ok(out)
 }
 
 /// HF-style initial weights: every matrix uniform with standard deviation 0.02, norms at 1.
@@ -437,6 +489,48 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Teachers on two families draw half their questions from each, interleaved (so tasks
+    /// and drills both hold both), and none of the run's questions in either family; one
+    /// family is what it always was.
+    #[test]
+    fn teacher_questions_cover_every_family_and_none_of_the_runs() {
+        let mut config = Config::parse(
+            "[data]\ncount = 300\nheld_out = 100\n[warm_start]\nfamilies = [1, 4]\n",
+            &[],
+        )
+        .unwrap();
+        let exclude = excluded(&config).unwrap();
+        assert_eq!(exclude.len(), 600, "the run's 300 questions in each family");
+        let tasks = teacher_tasks(2001, &config, &exclude);
+        assert_eq!(tasks.len(), 2001);
+        let subtraction = |t: &Task| t.question.contains(" - ");
+        assert_eq!(tasks.iter().filter(|t| subtraction(t)).count(), 1000);
+        for (i, t) in tasks.iter().enumerate() {
+            assert_eq!(
+                subtraction(t),
+                i % 2 == 1,
+                "interleaved: {i} {}",
+                t.question
+            );
+        }
+        let run: HashSet<&str> = exclude.iter().map(|t| t.question.as_str()).collect();
+        assert!(run.iter().any(|q| q.contains(" - ")) && run.iter().any(|q| q.contains(" + ")));
+        assert!(tasks.iter().all(|t| !run.contains(t.question.as_str())));
+        // One family: the questions a single-family config always had.
+        let single = {
+            config.warm_start.as_mut().unwrap().families.clear();
+            teacher_tasks(500, &config, &crate::session::tasks(&config).unwrap())
+        };
+        assert!(single.iter().all(|t| t.question.contains(" + ")));
+        assert_eq!(
+            single[..],
+            {
+                config.warm_start.as_mut().unwrap().families = vec![1];
+                teacher_tasks(500, &config, &excluded(&config).unwrap())
+            }[..]
+        );
+    }
 
     #[test]
     fn the_learned_tokenizer_reads_digits_one_by_one_and_round_trips() {

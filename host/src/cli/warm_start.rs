@@ -6,8 +6,8 @@ use clap::Args;
 use super::run::ConfigArgs;
 use maporl::config::Config;
 use maporl::files::expand_home;
-use maporl::session::{load_plugins, tasks};
-use maporl::warm_start::{warm_start, Summary};
+use maporl::session::load_plugins;
+use maporl::warm_start::{excluded, warm_start, Summary};
 
 #[derive(Args)]
 pub struct WarmStartArgs {
@@ -35,7 +35,7 @@ pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
             out.display()
         );
     }
-    let exclude = tasks(&config)?;
+    let exclude = excluded(&config)?;
     if !args.force {
         if let Some(done) = Summary::read(&out).filter(|s| s.matches(&config, &exclude)) {
             println!(

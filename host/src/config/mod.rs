@@ -95,6 +95,20 @@ pub struct WarmStartConfig {
     /// answer at later turns when it differs from their own.
     pub teacher_skill: f64,
     pub teacher_persuadability: f64,
+    /// The chance of adopting that majority when it is right, and when it is wrong, in place
+    /// of `teacher_persuadability` (each defaults to it). Teachers that adopt a right peer
+    /// more often than a wrong one switch on something a model can learn to check: the
+    /// peer's working is always right, its slip is in the final answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub teacher_adopt_right: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub teacher_adopt_wrong: Option<f64>,
+    /// The arithmetic difficulties (task families) the teachers' questions and drills come
+    /// from, in equal shares; empty: `data.difficulty` alone. A model made on two families
+    /// can be trained on one and evaluated on the other (RESULTS.md's cross-domain test).
+    /// The run's questions are kept out of every family, as `data` would select them there.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub families: Vec<u32>,
     /// Optimizer steps on about `batch_tokens` tokens each: two in three on drills, the third
     /// on debate utterances of one turn (the turns in cycle); AdamW at `lr` with linear
     /// warmup over the first 5% and linear decay to 0.1x.
@@ -117,6 +131,9 @@ impl Default for WarmStartConfig {
             drills: 6000,
             teacher_skill: 0.8,
             teacher_persuadability: 0.6,
+            teacher_adopt_right: None,
+            teacher_adopt_wrong: None,
+            families: Vec::new(),
             steps: 1500,
             batch_tokens: 4096,
             lr: 5e-3,
@@ -243,7 +260,8 @@ pub struct DataConfig {
     pub source: DataSource,
     /// The JSONL file (gsm8k, anli, jsonl).
     pub path: String,
-    /// Arithmetic difficulty, 1-3.
+    /// Arithmetic difficulty: 1 a + b, 2 a × b + c, 3 (a + b) × c − d, 4 a − b (a second
+    /// task family, for the cross-domain test).
     pub difficulty: u32,
     /// Seeds the arithmetic questions (none: the run's `seed`), so runs with different
     /// seeds can share one question set.
@@ -653,6 +671,13 @@ impl Config {
         if self.data.source == DataSource::Jsonl && self.data.fields.is_none() {
             bail!("data.fields (question, reference, ...) is required for data.source = \"jsonl\"");
         }
+        if self.data.difficulty > 4 {
+            bail!(
+                "data.difficulty = {}: expected 1 (a + b), 2 (a * b + c), 3 ((a + b) * c - d) \
+                 or 4 (a - b)",
+                self.data.difficulty
+            );
+        }
         if self.debate.agents == 0 || self.debate.turns == 0 {
             bail!("debate.agents and debate.turns must be at least 1");
         }
@@ -721,6 +746,11 @@ impl Config {
         self.verifier.validate()?;
         if let Some(w) = &self.warm_start {
             w.validate()?;
+            if let Some(f) = w.families.iter().find(|&&f| f == 0 || f > 4) {
+                bail!(
+                    "warm_start.families holds {f}: expected arithmetic difficulties from 1 to 4"
+                );
+            }
             if self.data.source != DataSource::Arithmetic {
                 bail!(
                     "warm_start: its scripted teachers answer arithmetic questions only, and \
@@ -823,6 +853,16 @@ impl Config {
 }
 
 impl WarmStartConfig {
+    /// The teachers' chances of adopting a right and a wrong peer majority.
+    pub fn adopt_rates(&self) -> (f64, f64) {
+        (
+            self.teacher_adopt_right
+                .unwrap_or(self.teacher_persuadability),
+            self.teacher_adopt_wrong
+                .unwrap_or(self.teacher_persuadability),
+        )
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         for (key, v) in [
             ("hidden_size", self.hidden_size),
@@ -850,6 +890,8 @@ impl WarmStartConfig {
         for (key, p) in [
             ("teacher_skill", self.teacher_skill),
             ("teacher_persuadability", self.teacher_persuadability),
+            ("teacher_adopt_right", self.adopt_rates().0),
+            ("teacher_adopt_wrong", self.adopt_rates().1),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 bail!("warm_start.{key} = {p}: expected a probability in [0, 1]");
@@ -1103,6 +1145,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("on_plugin_error"), "{err}");
+        for (text, expected) in [
+            (
+                "[data]\ndifficulty = 5\n",
+                "data.difficulty = 5: expected 1",
+            ),
+            (
+                "[warm_start]\nfamilies = [1, 7]\n",
+                "warm_start.families holds 7",
+            ),
+            (
+                "[warm_start]\nteacher_adopt_wrong = 1.5\n",
+                "warm_start.teacher_adopt_wrong = 1.5: expected a probability",
+            ),
+        ] {
+            let err = Config::parse(text, &[]).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
     }
 
     #[test]
@@ -1164,7 +1223,8 @@ mod tests {
             if path.extension().is_some_and(|e| e == "toml") {
                 let c = Config::load(&path, &[])
                     .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-                assert_eq!(c.debate.agents, 2, "{}", path.display());
+                // The shipped teams have two agents, three in configs/fair.toml.
+                assert!((2..=3).contains(&c.debate.agents), "{}", path.display());
                 n += 1;
             }
         }

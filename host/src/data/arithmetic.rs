@@ -6,7 +6,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::transcript::Task;
 
 /// `count` arithmetic questions of the given difficulty (1: a + b; 2: a × b + c;
-/// 3: (a + b) × c − d), the same for the same seed.
+/// 3: (a + b) × c − d; 4: a − b with a ≥ b, the second task family of RESULTS.md's
+/// cross-domain test), the same for the same seed.
 pub fn arithmetic(count: usize, difficulty: u32, seed: u64) -> Vec<Task> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..count)
@@ -20,6 +21,11 @@ pub fn arithmetic(count: usize, difficulty: u32, seed: u64) -> Vec<Task> {
                 2 => {
                     let (a, b, c) = (n(30), n(30), n(99));
                     (format!("What is {a} * {b} + {c}?"), a * b + c)
+                }
+                4 => {
+                    let (a, b) = (n(99), n(99));
+                    let (a, b) = (a.max(b), a.min(b));
+                    (format!("What is {a} - {b}?"), a - b)
                 }
                 _ => {
                     let (a, b, c, d) = (n(50), n(50), n(20), n(99));
@@ -53,6 +59,17 @@ mod tests {
                 .collect();
             let expect = (nums[0] + nums[1]) * nums[2] - nums[3];
             assert_eq!(t.reference, expect.to_string(), "{}", t.question);
+        }
+        for t in super::arithmetic(50, 4, 1) {
+            let (a, b) = t
+                .question
+                .strip_prefix("What is ")
+                .and_then(|q| q.strip_suffix('?'))
+                .and_then(|q| q.split_once(" - "))
+                .expect("a - b");
+            let (a, b): (i64, i64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!(a >= b, "{}", t.question);
+            assert_eq!(t.reference, (a - b).to_string(), "{}", t.question);
         }
     }
 }

@@ -11,7 +11,7 @@ mod spread;
 mod team;
 
 pub use record::{write_transcripts, PluginHashes};
-pub use scripted::{worked_answer, ScriptedTeam};
+pub use scripted::{worked_answer, Persuasion, ScriptedTeam};
 pub use spread::SpreadTeam;
 pub use team::{
     Completion, CompletionOptions, Completions, Finish, ModelTeam, Seated, TeamOptions,

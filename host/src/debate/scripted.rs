@@ -17,14 +17,37 @@ pub struct ScriptedTeam {
     answers: HashMap<String, i64>,
     /// Per agent: probability of a right answer at turn 1.
     skill: Vec<f64>,
-    /// Probability of adopting the peers' majority answer when it differs from one's own.
-    persuadability: f64,
+    persuasion: Persuasion,
     rng: ChaCha8Rng,
+}
+
+/// How the scripted agents follow their peers at later turns: the probability of adopting
+/// the peers' majority answer when it differs from one's own, when that majority is right
+/// and when it is wrong. Equal rates (`From<f64>`) make agents that follow a peer whether
+/// or not it is right; a higher `to_right` makes agents that check.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Persuasion {
+    pub to_right: f64,
+    pub to_wrong: f64,
+}
+
+impl From<f64> for Persuasion {
+    fn from(p: f64) -> Self {
+        Persuasion {
+            to_right: p,
+            to_wrong: p,
+        }
+    }
 }
 
 impl ScriptedTeam {
     /// `skill[a]` is agent a's chance of a right first answer.
-    pub fn new(tasks: &[Task], skill: Vec<f64>, persuadability: f64, seed: u64) -> Self {
+    pub fn new(
+        tasks: &[Task],
+        skill: Vec<f64>,
+        persuasion: impl Into<Persuasion>,
+        seed: u64,
+    ) -> Self {
         let answers = tasks
             .iter()
             .filter_map(|t| Some((t.question.clone(), t.reference.trim().parse().ok()?)))
@@ -32,7 +55,7 @@ impl ScriptedTeam {
         ScriptedTeam {
             answers,
             skill,
-            persuadability,
+            persuasion: persuasion.into(),
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
@@ -71,8 +94,16 @@ impl ScriptedTeam {
                     .map(|m| all_boxed_integers(&m.content))
                     .unwrap_or_default();
                 let majority = majority(&peers);
+                let rate = |m: i64| {
+                    let Persuasion { to_right, to_wrong } = self.persuasion;
+                    if m == reference {
+                        to_right
+                    } else {
+                        to_wrong
+                    }
+                };
                 match majority {
-                    Some(m) if m != previous && self.rng.random_bool(self.persuadability) => m,
+                    Some(m) if m != previous && self.rng.random_bool(rate(m).clamp(0.0, 1.0)) => m,
                     _ => previous,
                 }
             }
@@ -82,8 +113,9 @@ impl ScriptedTeam {
 }
 
 /// How the scripted agents answer `question` with `answer`: for "What is a + b?" the
-/// digit-by-digit working ("71 + 47: 1 + 7 = 8, 7 + 4 = 11, so 118."), then the boxed answer.
-/// The working is a + b's even when `answer` is not (a slip at the end).
+/// digit-by-digit working ("71 + 47: 1 + 7 = 8, 7 + 4 = 11, so 118."), for "What is a - b?"
+/// the same with borrows ("83 - 47: 13 - 7 = 6, 8 - 1 - 4 = 3, so 36."), then the boxed
+/// answer. The working is right even when `answer` is not (a slip at the end).
 pub fn worked_answer(question: &str, answer: i64) -> String {
     let first = question.lines().next().unwrap_or_default().trim();
     let expr = first
@@ -139,6 +171,26 @@ fn column_sums(expr: &str) -> Option<String> {
         a / 10,
         b / 10
     ))
+}
+
+/// The digit-by-digit working of "a - b" for a ≥ b, both below 100: "13 - 7 = 6, 8 - 1 - 4
+/// = 3" for 83 - 47 (units, borrowing when needed, then tens). `None` for other expressions.
+fn column_differences(expr: &str) -> Option<String> {
+    let (a, b) = expr.split_once(" - ")?;
+    let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    if a >= 100 || b > a {
+        return None;
+    }
+    let (au, bu) = (a % 10, b % 10);
+    let borrow = au < bu;
+    let units = if borrow {
+        format!("1{au} - {bu} = {}", 10 + au - bu)
+    } else {
+        format!("{au} - {bu} = {}", au - bu)
+    };
+    let tens = a / 10 - b / 10 - u32::from(borrow);
+    let less = if borrow { " - 1" } else { "" };
+    Some(format!("{units}, {}{less} - {} = {tens}", a / 10, b / 10))
 }
 
 fn all_boxed_integers(text: &str) -> Vec<i64> {
@@ -198,6 +250,36 @@ mod tests {
             Some("1 + 7 = 8, 7 + 0 = 7")
         );
         assert_eq!(column_sums("3 * 4 + 5"), None);
+        assert_eq!(
+            column_differences("83 - 47").as_deref(),
+            Some("13 - 7 = 6, 8 - 1 - 4 = 3")
+        );
+        assert_eq!(
+            column_differences("58 - 23").as_deref(),
+            Some("8 - 3 = 5, 5 - 2 = 3")
+        );
+        assert_eq!(
+            column_differences("7 - 7").as_deref(),
+            Some("7 - 7 = 0, 0 - 0 = 0")
+        );
+        assert_eq!(column_differences("23 - 58"), None);
+        // Every difference's working ends at its answer.
+        for a in 0..100u32 {
+            for b in 0..=a {
+                let w = column_differences(&format!("{a} - {b}")).unwrap();
+                let tens: u32 = w.rsplit(" = ").next().unwrap().parse().unwrap();
+                let units: u32 = w
+                    .split(", ")
+                    .next()
+                    .unwrap()
+                    .rsplit(" = ")
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(tens * 10 + units, a - b, "{a} - {b}: {w}");
+            }
+        }
         assert_eq!(column_sums("120 + 4"), None);
     }
 
@@ -229,5 +311,84 @@ mod tests {
         );
         let mut again = ScriptedTeam::new(&[task], vec![1.0, 0.0], 0.5, 7);
         assert_eq!(again.respond(1, &[ask(0), ask(1)]).unwrap(), out);
+    }
+
+    /// Agents that check: with `to_right` 1 and `to_wrong` 0 an agent adopts a right peer
+    /// majority every time and a wrong one never; with equal rates (the old behaviour) it
+    /// follows a wrong majority as often as a right one.
+    #[test]
+    fn discerning_agents_adopt_right_peers_and_keep_against_wrong_ones() {
+        let task = Task {
+            id: "t".into(),
+            kind: "arith".into(),
+            question: "What is 20 + 30?".into(),
+            reference: "50".into(),
+            fields: vec![],
+        };
+        // Agent 0 said `own` at turn 1; its peers now say `peer` (twice: a majority).
+        let later = |own: i64, peer: i64| {
+            vec![
+                ChatMessage {
+                    role: Role::User,
+                    content: "Question: What is 20 + 30?".into(),
+                },
+                ChatMessage {
+                    role: Role::Assistant,
+                    content: format!("\\boxed{{{own}}}"),
+                },
+                ChatMessage {
+                    role: Role::User,
+                    content: format!("Peers: \\boxed{{{peer}}} and \\boxed{{{peer}}}"),
+                },
+            ]
+        };
+        let adopted = |persuasion: Persuasion, own: i64, peer: i64| -> usize {
+            let mut team = ScriptedTeam::new(std::slice::from_ref(&task), vec![0.5], persuasion, 3);
+            let msgs = later(own, peer);
+            (0..400)
+                .filter(|_| {
+                    let out = team
+                        .respond(
+                            2,
+                            &[Request {
+                                task: "t",
+                                agent: 0,
+                                messages: &msgs,
+                            }],
+                        )
+                        .unwrap();
+                    last_boxed_integer(&out[0].text) == Some(peer)
+                })
+                .count()
+        };
+        let checking = Persuasion {
+            to_right: 1.0,
+            to_wrong: 0.0,
+        };
+        assert_eq!(
+            adopted(checking, 47, 50),
+            400,
+            "a right majority is always adopted"
+        );
+        assert_eq!(
+            adopted(checking, 50, 47),
+            0,
+            "a wrong majority is never adopted"
+        );
+        let leaning = Persuasion {
+            to_right: 0.8,
+            to_wrong: 0.2,
+        };
+        let (right, wrong) = (adopted(leaning, 47, 50), adopted(leaning, 50, 47));
+        assert!(
+            (280..=360).contains(&right),
+            "adopted a right majority {right}/400"
+        );
+        assert!(
+            (40..=120).contains(&wrong),
+            "adopted a wrong majority {wrong}/400"
+        );
+        let (right, wrong) = (adopted(0.5.into(), 47, 50), adopted(0.5.into(), 50, 47));
+        assert!((160..=240).contains(&right) && (160..=240).contains(&wrong));
     }
 }

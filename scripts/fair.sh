@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The fair test of the paper's claim (RESULTS.md, configs/fair.toml): every row over every
+# seed, trained on the 512 training questions and evaluated on the 1,000 held-out ones with
+# paired draws, so that rows at one seed differ only by their weights.
+#   scripts/fair.sh                       # every row, SEEDS (default 0 1 2 3 4)
+#   SEEDS="0" scripts/fair.sh maporl      # one row, one seed
+#   python3 scripts/fair_table.py runs/fair
+# Rows: off-the-shelf (the untrained team), single (agent 0 learns), sft, maporl (rule
+# verifier, influence shaper), maporl-current (no influence term: horizon = "current"),
+# maporl-alpha (alpha_1 = 2), maporl-beta (beta_0 = 2, the paper's sign), maporl-beta-code
+# (beta_0 = 2, the released code's sign), maporl-learned (the learned verifier, trained on
+# every turn's answers, scores every answer), heterogeneous-before and heterogeneous (agents
+# 0 and 2 on the fair model, agent 1 on a second warm-started architecture), cross-domain-before
+# and cross-domain (a model warm-started on addition and subtraction, MAPoRL-trained on
+# addition, both evaluated on subtraction: the paper's GSM8K -> ANLI transfer in miniature).
+# `curve` evaluates the maporl row's kept checkpoints (every 8 steps) on the first
+# CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
+# Each run is `maporl train` (with the held-out questions left out by data.offset, and no
+# evaluation of its own) and then `maporl eval` of its final adapters; finished rows are
+# skipped, so the script can be rerun to add seeds. Two instances may run at once on
+# different rows or seeds once the models are made (`scripts/fair.sh setup`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=${SEEDS:-"0 1 2 3 4"}
+ALL="off-the-shelf maporl maporl-current single sft maporl-alpha maporl-beta maporl-beta-code maporl-learned heterogeneous-before heterogeneous cross-domain-before cross-domain"
+ROWS=${*:-$ALL}
+OUT=${OUT:-runs/fair}
+CONFIG=configs/fair.toml
+MODEL=runs/fair-model
+MODEL_B=runs/fair-model-b
+MODEL_X=runs/fair-model-x
+VERIFIER="$OUT/verifier/checkpoints/final"
+if [ -z "${FAIR_NO_BUILD:-}" ]; then
+    cargo xtask plugins
+    cargo build --release -p maporl
+fi
+BIN=${BIN:-target/release/maporl}
+mkdir -p "$OUT"
+
+# The models: the fair team's, and a second architecture for the heterogeneous team (4
+# layers, 48 wide: the same teachers, tokenizer budget and steps).
+"$BIN" warm-start --config "$CONFIG"
+if [[ " $ROWS " == *" heterogeneous"* || " $ROWS " == *" setup "* ]]; then
+    "$BIN" warm-start --config "$CONFIG" --set "model.path=$MODEL_B" \
+        --set warm_start.hidden_size=48 --set warm_start.intermediate_size=192 \
+        --set warm_start.layers=4
+fi
+if [[ " $ROWS " == *" cross-domain"* || " $ROWS " == *" setup "* ]]; then
+    "$BIN" warm-start --config "$CONFIG" --set "model.path=$MODEL_X" --set 'warm_start.families=[1,4]'
+fi
+# The learned verifier: the untrained team's answers at every turn of the training
+# questions, labelled by the rule verifier; LoRA + a head (settings as in scripts/results.sh).
+if [[ " $ROWS " == *" maporl-learned "* || " $ROWS " == *" setup "* ]] && [ ! -d "$VERIFIER" ]; then
+    "$BIN" verifier generate --config "$CONFIG" --out "$OUT/verifier-answers.jsonl"
+    rm -rf "$OUT/verifier"
+    "$BIN" verifier train --config "$CONFIG" --data "$OUT/verifier-answers.jsonl" \
+        --out "$OUT/verifier" --set verifier.train.lr=2e-3 --set verifier.train.epochs=4 \
+        --set verifier.train.loss=last-token
+fi
+
+HETERO="agents=[{model=\"$MODEL\"},{model=\"$MODEL_B\"},{model=\"$MODEL\"}]"
+# The team for `maporl eval` of row $1: each agent's model and, when checkpoint $2 holds
+# one for it, its adapter.
+team() {
+    local row=$1 checkpoint=$2 models=("$MODEL" "$MODEL" "$MODEL") list="" a
+    [[ $row == heterogeneous* ]] && models=("$MODEL" "$MODEL_B" "$MODEL")
+    [[ $row == cross-domain* ]] && models=("$MODEL_X" "$MODEL_X" "$MODEL_X")
+    for a in 0 1 2; do
+        list+="{model=\"${models[$a]}\""
+        [ -n "$checkpoint" ] && [ -d "$checkpoint/agent-$a" ] &&
+            list+=",adapter=\"$checkpoint/agent-$a\""
+        list+="},"
+    done
+    echo "agents=[${list%,}]"
+}
+
+for seed in $SEEDS; do
+    for row in $ROWS; do
+        [ "$row" = setup ] && continue
+        if [ "$row" = curve ]; then
+            n=${CURVE_QUESTIONS:-300}
+            mkdir -p "$OUT/curve-seed$seed"
+            for step in "" "$OUT"/maporl-seed"$seed"/train/checkpoints/step-*; do
+                name=${step##*/}
+                dir="$OUT/curve-seed$seed/${name:-step-000000}"
+                [ -f "$dir/eval.json" ] && continue
+                "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.held_out=$n" \
+                    --set "$(team maporl "$step")" --set "run_dir=$dir" >"$dir.log" 2>&1 || {
+                    tail -20 "$dir.log"
+                    exit 1
+                }
+                echo "fair: curve, seed $seed, ${name:-step-000000}: $(grep 'majority accuracy' "$dir.log")"
+            done
+            continue
+        fi
+        dir="$OUT/$row-seed$seed"
+        if [ -f "$dir/eval/eval.json" ]; then
+            echo "fair: $dir is done"
+            continue
+        fi
+        echo "fair: $row, seed $seed ($(date +%T))"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        settings=()
+        case $row in
+        off-the-shelf) ;;
+        heterogeneous-before) ;;
+        maporl) settings=(--set train.mode=maporl) ;;
+        single | sft) settings=(--set "train.mode=$row") ;;
+        maporl-current) settings=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}') ;;
+        maporl-alpha) settings=(--set 'plugins.shaper.settings={gamma=0.3,alpha_1=2.0}') ;;
+        maporl-beta) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0}') ;;
+        maporl-beta-code) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0,beta_sign="code"}') ;;
+        maporl-learned)
+            settings=(--set plugins.verifier.path=learned.wasm --set 'plugins.verifier.settings={}'
+                --set "verifier.checkpoint=$VERIFIER")
+            ;;
+        heterogeneous) settings=(--set "$HETERO") ;;
+        cross-domain-before) ;;
+        cross-domain) settings=(--set "model.path=$MODEL_X") ;;
+        *)
+            echo "fair: unknown row $row (rows: $ALL)" >&2
+            exit 2
+            ;;
+        esac
+        run=""
+        if [[ $row != *-before && $row != off-the-shelf ]]; then
+            run="$dir/train"
+            # The held-out questions are data's first 1,000: training starts after them.
+            "$BIN" train --config "$CONFIG" --set "seed=$seed" "${settings[@]}" \
+                --set data.offset=1000 --set data.count=512 --set data.held_out=0 \
+                --set "run_dir=$run" >"$dir/train.log" 2>&1 || {
+                tail -20 "$dir/train.log"
+                exit 1
+            }
+        fi
+        # The evaluation runs the rule verifier whatever the row trained with: accuracy is
+        # the ground truth's. The cross-domain rows are evaluated on the other family.
+        family=1
+        [[ $row == cross-domain* ]] && family=4
+        "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.difficulty=$family" \
+            --set "$(team "$row" "${run:+$run/checkpoints/final}")" \
+            --set "run_dir=$dir/eval" >"$dir/eval.log" 2>&1 || {
+            tail -20 "$dir/eval.log"
+            exit 1
+        }
+        tail -14 "$dir/eval.log" | head -12
+    done
+done

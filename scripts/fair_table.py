@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""The tables of RESULTS.md's fair test, from scripts/fair.sh's runs.
+
+    python3 scripts/fair_table.py runs/fair [--resamples 2000]
+
+For every row (a directory ROW-seedS/eval with maporl eval's transcripts.jsonl and
+eval.json):
+- the team's held-out accuracy per turn (the paper's majority with its tie rule, the same
+  credit as `maporl eval`), mean and standard deviation over seeds;
+- the paired difference from the row's untrained team (off-the-shelf; for the heterogeneous
+  team, its own untrained version) per turn, pooled over seeds question by question, with a
+  bootstrap 95% interval that resamples questions within each seed;
+- the row's own gain from turn 1 to turn 3 (paired within the row) with its interval;
+- the conditional rates P(wrong->right | wrong, a peer right) and P(right->wrong | right, a
+  peer wrong) at each transition, summed over agents and seeds.
+Standard library only.
+"""
+
+import json
+import random
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ORDER = [
+    "off-the-shelf",
+    "single",
+    "sft",
+    "maporl",
+    "maporl-current",
+    "maporl-alpha",
+    "maporl-beta",
+    "maporl-beta-code",
+    "maporl-learned",
+    "heterogeneous-before",
+    "heterogeneous",
+    "cross-domain-before",
+    "cross-domain",
+]
+LABEL = {
+    "off-the-shelf": "off-the-shelf (untrained team)",
+    "single": "single-agent RL (agent 0 learns)",
+    "sft": "SFT on the best 10% of debates",
+    "maporl": "MAPoRL, rule verifier",
+    "maporl-current": "MAPoRL without influence (horizon = current)",
+    "maporl-alpha": "MAPoRL + alpha_1 = 2",
+    "maporl-beta": "MAPoRL + beta_0 = 2 (paper's sign)",
+    "maporl-beta-code": "MAPoRL + beta_0 = 2 (code's sign)",
+    "maporl-learned": "MAPoRL, learned verifier (all turns)",
+    "heterogeneous-before": "heterogeneous team, untrained",
+    "heterogeneous": "heterogeneous team, MAPoRL",
+    "cross-domain-before": "cross-domain: untrained, on subtraction",
+    "cross-domain": "cross-domain: MAPoRL on addition, on subtraction",
+}
+
+
+def credit(debate, turn):
+    """The team answer's credit after `turn` (host/src/eval/mod.rs `credit`)."""
+    decisions = debate.get("decisions") or []
+    if not decisions:
+        return 0.0
+    decision = decisions[turn - 1] if turn - 1 < len(decisions) else decisions[-1]
+    utterances = debate["transcript"]["utterances"]
+
+    def right(answer):
+        giving = [u for u in utterances if u["turn"] <= turn and u.get("answer") == answer]
+        if not giving:
+            return False
+        last = max(u["turn"] for u in giving)
+        return any(u["turn"] == last and u["correct"] for u in giving)
+
+    if decision and any(right(a) for a in decision):
+        return 1.0 / len(decision)
+    return 0.0
+
+
+def read_eval(path):
+    """{task id: [credit at turn 1, 2, ...]} and the turn count, of one evaluation."""
+    out, turns = {}, 0
+    with open(path / "transcripts.jsonl") as f:
+        for line in f:
+            d = json.loads(line)
+            if d.get("error"):
+                continue
+            t = d["transcript"]["turns"]
+            turns = max(turns, t)
+            out[d["task"]["id"]] = [credit(d, k) for k in range(1, t + 1)]
+    report = json.loads((path / "eval.json").read_text())
+    return out, turns, report
+
+
+def bootstrap(strata, stat, resamples, rng):
+    """Percentile 95% interval of stat over resamples drawn within each stratum."""
+    values = []
+    for _ in range(resamples):
+        pooled = []
+        for s in strata:
+            pooled.extend(s[rng.randrange(len(s))] for _ in range(len(s)))
+        values.append(stat(pooled))
+    values.sort()
+    return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def main():
+    args = sys.argv[1:]
+    resamples = 2000
+    if "--resamples" in args:
+        i = args.index("--resamples")
+        resamples = int(args[i + 1])
+        del args[i : i + 2]
+    root = Path(args[0] if args else "runs/fair")
+    runs = {}
+    for d in sorted(root.glob("*-seed*/eval")):
+        if not (d / "eval.json").exists():
+            continue
+        m = re.fullmatch(r"(.+)-seed(\d+)", d.parent.name)
+        runs.setdefault(m.group(1), {})[int(m.group(2))] = read_eval(d)
+    if not runs:
+        sys.exit(f"fair_table: no finished evaluation under {root}")
+    rng = random.Random(0)
+    rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
+    turns = max(t for r in runs.values() for (_, t, _) in r.values())
+    cols = " | ".join(f"turn {t}" for t in range(1, turns + 1))
+    print(f"| held-out majority accuracy | seeds | {cols} | turn {turns} - turn 1 |")
+    print("|---|---|" + "---|" * (turns + 1))
+    for row in rows:
+        seeds = sorted(runs[row])
+        cells = []
+        for t in range(turns):
+            accs = [mean([c[t] for c in runs[row][s][0].values()]) for s in seeds]
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            cells.append(f"{mean(accs):.3f} ± {sd:.3f}")
+        strata = [[c[-1] - c[0] for c in runs[row][s][0].values()] for s in seeds]
+        gain = mean([x for s in strata for x in s])
+        lo, hi = bootstrap(strata, mean, resamples, rng)
+        seeds_s = ",".join(map(str, seeds))
+        print(f"| {LABEL.get(row, row)} | {seeds_s} | {' | '.join(cells)} | {gain:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+
+    print()
+    print("Paired differences from the untrained team (same seed, same draws), pooled over seeds,")
+    print("with bootstrap 95% intervals over questions:")
+    print()
+    print(f"| row minus its untrained team | seeds | {cols} |")
+    print("|---|---|" + "---|" * turns)
+    for row in rows:
+        base = "off-the-shelf"
+        for family in ("heterogeneous", "cross-domain"):
+            if row.startswith(family):
+                base = f"{family}-before"
+        if row == base or base not in runs:
+            continue
+        seeds = sorted(set(runs[row]) & set(runs[base]))
+        if not seeds:
+            continue
+        cells = []
+        for t in range(turns):
+            strata = []
+            for s in seeds:
+                a, b = runs[row][s][0], runs[base][s][0]
+                strata.append([a[i][t] - b[i][t] for i in a if i in b])
+            d = mean([x for s in strata for x in s])
+            lo, hi = bootstrap(strata, mean, resamples, rng)
+            cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
+
+    print()
+    print("Conditional rates, summed over agents and seeds (moved/of):")
+    print()
+    heads = []
+    for t in range(2, turns + 1):
+        heads += [f"P(W→R \\| wrong, a peer right) {t-1}→{t}", f"P(R→W \\| right, a peer wrong) {t-1}→{t}"]
+    print(f"| row | {' | '.join(heads)} |")
+    print("|---|" + "---|" * len(heads))
+    for row in rows:
+        cells = []
+        for t in range(2, turns + 1):
+            for key in ("corrected_by_peers", "misled_by_peers"):
+                moved = of = 0
+                for _, _, report in runs[row].values():
+                    rate = report["turns"][t - 1].get(key) or {}
+                    moved += rate.get("moved", 0)
+                    of += rate.get("of", 0)
+                cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
+        print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+
+
+if __name__ == "__main__":
+    main()
