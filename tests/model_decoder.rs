@@ -503,6 +503,39 @@ fn lora_zero_b_equals_base_and_merge_equals_lora_forward() {
     }
 }
 
+/// LoRA dropout (SFT's `train.lora_dropout`) changes the adapted forward, differently at
+/// each call, reproducibly for a seed, and not at all once switched off; the base alone is
+/// untouched by it.
+#[test]
+fn lora_dropout_is_seeded_and_switches_off() {
+    let (vm, _) = random_base(LLAMA, 41);
+    let base = frozen(LLAMA, &vm);
+    let x = to_tensor(&ids(2, 5, 120, 6));
+    let mut lora = Lora::new(&base, lora_cfg(&["q_proj", "down_proj"]), 1).unwrap();
+    randomize_lora(&lora, 2);
+    let run = |lora: &Lora| {
+        base.forward(&x, &[0, 1], None, Some(lora), Pass::Training)
+            .unwrap()
+    };
+    let plain = run(&lora);
+    lora.set_dropout(0.3, 9).unwrap();
+    let (first, second) = (run(&lora), run(&lora));
+    assert!(max_diff(&plain, &first) > 1e-4, "dropout changed nothing");
+    assert!(
+        max_diff(&first, &second) > 1e-4,
+        "two calls drew the same mask"
+    );
+    lora.set_dropout(0.3, 9).unwrap();
+    assert_eq!(
+        max_diff(&first, &run(&lora)),
+        0.0,
+        "the seed fixes the masks"
+    );
+    lora.set_dropout(0.0, 9).unwrap();
+    assert_eq!(max_diff(&plain, &run(&lora)), 0.0, "off again");
+    assert!(lora.set_dropout(1.0, 0).is_err() && lora.set_dropout(-0.1, 0).is_err());
+}
+
 #[test]
 fn unknown_lora_target_is_refused() {
     let (vm, _) = random_base(PHI3, 1);

@@ -444,6 +444,31 @@ fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
     assert_eq!(texts("before").lines().count(), 4);
     assert_ne!(texts("before"), texts("after"), "the tuned adapters speak");
     assert!(text(&out).contains("held-out tasks, after training"));
+
+    // LoRA dropout (the paper's SFT setting): the same debates and order, other adapters,
+    // and PEFT's adapter_config.json says what it was trained with.
+    let dropped = dir.path().join("sft-dropout");
+    let with_dropout = [&sft[..], &["--set", "train.sft.lora_dropout=0.3"]].concat();
+    let out = run_train(&dropped, &model, &with_dropout, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let adapter = |run: &Path| {
+        std::fs::read(run.join("checkpoints/final/agent-0/adapter_model.safetensors")).unwrap()
+    };
+    let dropout_of = |run: &Path| {
+        let c: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(run.join("checkpoints/final/agent-0/adapter_config.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        c["lora_dropout"].as_f64().unwrap()
+    };
+    assert_ne!(adapter(&run), adapter(&dropped), "dropout changed nothing");
+    assert_eq!((dropout_of(&run), dropout_of(&dropped)), (0.0, 0.3));
+    assert_eq!(
+        std::fs::read_to_string(run.join("transcripts.jsonl")).unwrap(),
+        std::fs::read_to_string(dropped.join("transcripts.jsonl")).unwrap(),
+        "the debates SFT learns from are the same"
+    );
 }
 
 #[test]

@@ -197,6 +197,11 @@ pub struct SftConfig {
     /// Responses per optimizer step.
     pub batch_size: usize,
     pub lr: f64,
+    /// Dropout on the LoRA layers' inputs while fine-tuning (PEFT's `lora_dropout`; the
+    /// paper's 0.05). PPO runs without dropout, as TRL's PPOTrainer (the paper's code) turns
+    /// it off. The masks come from a stream per agent, so under several ranks a minibatch
+    /// split between them draws other masks than one process would.
+    pub lora_dropout: f64,
 }
 
 impl Default for SftConfig {
@@ -206,6 +211,7 @@ impl Default for SftConfig {
             epochs: 2,
             batch_size: 8,
             lr: 1e-4,
+            lora_dropout: 0.0,
         }
     }
 }
@@ -734,6 +740,12 @@ impl Config {
                 t.adapter_from_turn
             );
         }
+        if !(0.0..1.0).contains(&t.sft.lora_dropout) {
+            bail!(
+                "train.sft.lora_dropout = {}: expected a probability in [0, 1)",
+                t.sft.lora_dropout
+            );
+        }
         if !(t.sft.top_fraction > 0.0 && t.sft.top_fraction <= 1.0) {
             bail!(
                 "train.sft.top_fraction = {}: expected a fraction in (0, 1]",
@@ -1153,6 +1165,10 @@ mod tests {
             (
                 "[warm_start]\nfamilies = [1, 7]\n",
                 "warm_start.families holds 7",
+            ),
+            (
+                "[train.sft]\nlora_dropout = 1.0\n",
+                "train.sft.lora_dropout = 1: expected a probability in [0, 1)",
             ),
             (
                 "[warm_start]\nteacher_adopt_wrong = 1.5\n",

@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// Which layers get an adapter and how large it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +58,33 @@ pub struct Lora {
     cfg: LoraConfig,
     varmap: VarMap,
     modules: BTreeMap<(usize, Target), LoraModule>,
+    /// Dropout on every adapted layer's input while fine-tuning (PEFT's `lora_dropout`);
+    /// none unless [`Lora::set_dropout`] set it.
+    dropout: Option<Arc<Dropout>>,
+    /// The dropout it was last trained with, for `adapter_config.json`.
+    trained_dropout: f64,
+}
+
+/// Inverted dropout with masks from a seeded stream: each element kept with probability
+/// 1 - p and scaled by 1 / (1 - p), so the same seed drops the same elements.
+struct Dropout {
+    p: f64,
+    rng: Mutex<ChaCha8Rng>,
+}
+
+impl Dropout {
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let keep = 1.0 - self.p;
+        let scale = (1.0 / keep) as f32;
+        let mask: Vec<f32> = {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            (0..x.elem_count())
+                .map(|_| if rng.random_bool(keep) { scale } else { 0.0 })
+                .collect()
+        };
+        let mask = Tensor::from_vec(mask, x.dims(), x.device())?.to_dtype(x.dtype())?;
+        Ok(x.mul(&mask)?)
+    }
 }
 
 fn peft_key(layer: usize, t: Target, ab: &str) -> String {
@@ -82,6 +110,26 @@ fn targets(cfg: &LoraConfig) -> Result<Vec<Target>> {
 }
 
 impl Lora {
+    /// Drops each element of every adapted layer's input with probability `p` (scaling the
+    /// rest by 1 / (1 - p)) from now on, with masks drawn from a stream seeded by `seed`:
+    /// PEFT's `lora_dropout`, for fine-tuning. `p = 0` switches it off again; evaluation and
+    /// generation must run without it. A clone made while it is on shares its stream.
+    pub fn set_dropout(&mut self, p: f64, seed: u64) -> Result<()> {
+        if !(0.0..1.0).contains(&p) {
+            bail!("LoRA dropout {p}: expected a probability in [0, 1)");
+        }
+        self.dropout = (p > 0.0).then(|| {
+            Arc::new(Dropout {
+                p,
+                rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+            })
+        });
+        if p > 0.0 {
+            self.trained_dropout = p;
+        }
+        Ok(())
+    }
+
     /// A fresh adapter: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's default), B = 0, so the adapted
     /// model starts equal to the base. Seeded.
     pub fn new(base: &Base, cfg: LoraConfig, seed: u64) -> Result<Lora> {
@@ -115,6 +163,8 @@ impl Lora {
             }
         }
         Ok(Lora {
+            dropout: None,
+            trained_dropout: 0.0,
             cfg,
             varmap,
             modules,
@@ -179,7 +229,7 @@ impl Lora {
             "base_model_name_or_path": base_model_name,
             "r": self.cfg.r,
             "lora_alpha": self.cfg.alpha,
-            "lora_dropout": 0.0,
+            "lora_dropout": self.trained_dropout,
             "bias": "none",
             "fan_in_fan_out": false,
             "inference_mode": true,
@@ -267,6 +317,8 @@ impl Lora {
             }
         }
         Ok(Lora {
+            dropout: None,
+            trained_dropout: 0.0,
             cfg,
             varmap,
             modules,
@@ -383,6 +435,59 @@ impl ValueHead {
 
 impl Adapter for Lora {
     fn delta(&self, layer: usize, target: Target, x: &Tensor) -> Result<Option<Tensor>> {
-        self.module(layer, target).map(|m| m.delta(x)).transpose()
+        let Some(m) = self.module(layer, target) else {
+            return Ok(None);
+        };
+        match &self.dropout {
+            Some(d) => Ok(Some(m.delta(&d.apply(x)?)?)),
+            None => Ok(Some(m.delta(x)?)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inverted dropout: about p of the elements are zero, the rest scaled by 1 / (1 - p),
+    /// so the mean is kept; the same seed gives the same mask, the next call another.
+    #[test]
+    fn dropout_keeps_the_mean_and_is_seeded() {
+        let dropout = |seed| Dropout {
+            p: 0.25,
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+        };
+        let x = Tensor::ones((200, 100), DType::F32, &Device::Cpu).unwrap();
+        let d = dropout(5);
+        let first: Vec<f32> = d
+            .apply(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let zeros = first.iter().filter(|&&v| v == 0.0).count() as f64 / first.len() as f64;
+        assert!((zeros - 0.25).abs() < 0.02, "dropped {zeros}");
+        assert!(first
+            .iter()
+            .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+        let mean = first.iter().sum::<f32>() / first.len() as f32;
+        assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
+        let second: Vec<f32> = d
+            .apply(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_ne!(first, second, "each call draws a fresh mask");
+        let again: Vec<f32> = dropout(5)
+            .apply(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(first, again, "the same seed drops the same elements");
     }
 }

@@ -147,6 +147,9 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
             },
             cfg.seed + u64::from(a),
         )?);
+        if let Some(lora) = session.team.agent_mut(a as usize).lora.as_mut() {
+            lora.set_dropout(sft.lora_dropout, cfg.seed ^ 0xd509 ^ u64::from(a))?;
+        }
         let agent = session.team.agent(a as usize);
         let mut optimizer =
             AgentOptimizer::new(agent.named_trainable_vars(), sft.lr, t.ppo.weight_decay)?;
@@ -204,6 +207,10 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                 );
                 events.scalars(epoch as i64, &scalars)?;
             }
+        }
+        // Evaluation and the held-out debates run without dropout.
+        if let Some(lora) = session.team.agent_mut(a as usize).lora.as_mut() {
+            lora.set_dropout(0.0, 0)?;
         }
     }
 
