@@ -10,9 +10,12 @@ eval.json):
 - the paired difference from the row's untrained team (off-the-shelf; for the heterogeneous
   team, its own untrained version) per turn, pooled over seeds question by question, with a
   bootstrap 95% interval that resamples questions within each seed;
-- the row's own gain from turn 1 to turn 3 (paired within the row) with its interval;
+- the row's own gain from turn 1 to each later turn (paired within the row) with its
+  interval;
 - the conditional rates P(wrong->right | wrong, a peer right) and P(right->wrong | right, a
-  peer wrong) at each transition, summed over agents and seeds.
+  peer wrong) at each transition, summed over agents and seeds;
+- the training curve (`scripts/fair.sh curve`): the maporl row's checkpoints on the first
+  held-out questions, per seed.
 Standard library only.
 """
 
@@ -75,9 +78,34 @@ def credit(debate, turn):
     return 0.0
 
 
+def unaided(debate, counts):
+    """Adds to counts[(turn, kind)] = [moved, of] the moves no peer could have shown: an
+    agent wrong at turn-1 while every peer was wrong too, right now ("self"); an agent right
+    while every peer was right too, wrong now ("drift")."""
+    said = {(u["turn"], u["agent"]): u["correct"] for u in debate["transcript"]["utterances"]}
+    agents = debate["transcript"]["agents"]
+    for t in range(2, debate["transcript"]["turns"] + 1):
+        for a in range(agents):
+            if (t, a) not in said or (t - 1, a) not in said:
+                continue
+            peers = [said.get((t - 1, p)) for p in range(agents) if p != a]
+            if None in peers:
+                continue
+            before, now = said[(t - 1, a)], said[(t, a)]
+            if not before and not any(peers):
+                c = counts.setdefault((t, "self"), [0, 0])
+                c[0] += now
+                c[1] += 1
+            if before and all(peers):
+                c = counts.setdefault((t, "drift"), [0, 0])
+                c[0] += not now
+                c[1] += 1
+
+
 def read_eval(path):
-    """{task id: [credit at turn 1, 2, ...]} and the turn count, of one evaluation."""
-    out, turns = {}, 0
+    """{task id: [credit at turn 1, 2, ...]}, the turn count, the report and the unaided
+    moves of one evaluation."""
+    out, turns, counts = {}, 0, {}
     with open(path / "transcripts.jsonl") as f:
         for line in f:
             d = json.loads(line)
@@ -86,7 +114,9 @@ def read_eval(path):
             t = d["transcript"]["turns"]
             turns = max(turns, t)
             out[d["task"]["id"]] = [credit(d, k) for k in range(1, t + 1)]
+            unaided(d, counts)
     report = json.loads((path / "eval.json").read_text())
+    report["unaided"] = counts
     return out, turns, report
 
 
@@ -96,7 +126,7 @@ def bootstrap(strata, stat, resamples, rng):
     for _ in range(resamples):
         pooled = []
         for s in strata:
-            pooled.extend(s[rng.randrange(len(s))] for _ in range(len(s)))
+            pooled.extend(rng.choices(s, k=len(s)))
         values.append(stat(pooled))
     values.sort()
     return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
@@ -126,20 +156,25 @@ def main():
     rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
     turns = max(t for r in runs.values() for (_, t, _) in r.values())
     cols = " | ".join(f"turn {t}" for t in range(1, turns + 1))
-    print(f"| held-out majority accuracy | seeds | {cols} | turn {turns} - turn 1 |")
-    print("|---|---|" + "---|" * (turns + 1))
+    gains = " | ".join(f"turn {t} - turn 1" for t in range(2, turns + 1))
+    print(f"| held-out majority accuracy | seeds | {cols} | {gains} |")
+    print("|---|---|" + "---|" * (2 * turns - 1))
     for row in rows:
         seeds = sorted(runs[row])
         cells = []
         for t in range(turns):
             accs = [mean([c[t] for c in runs[row][s][0].values()]) for s in seeds]
-            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            cells.append(f"{mean(accs):.3f} ± {sd:.3f}")
-        strata = [[c[-1] - c[0] for c in runs[row][s][0].values()] for s in seeds]
-        gain = mean([x for s in strata for x in s])
-        lo, hi = bootstrap(strata, mean, resamples, rng)
+            if len(accs) > 1:
+                cells.append(f"{mean(accs):.3f} ± {statistics.stdev(accs):.3f}")
+            else:
+                cells.append(f"{accs[0]:.3f}")
+        for t in range(1, turns):
+            strata = [[c[t] - c[0] for c in runs[row][s][0].values()] for s in seeds]
+            gain = mean([x for s in strata for x in s])
+            lo, hi = bootstrap(strata, mean, resamples, rng)
+            cells.append(f"{gain:+.3f} [{lo:+.3f}, {hi:+.3f}]")
         seeds_s = ",".join(map(str, seeds))
-        print(f"| {LABEL.get(row, row)} | {seeds_s} | {' | '.join(cells)} | {gain:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+        print(f"| {LABEL.get(row, row)} | {seeds_s} | {' | '.join(cells)} |")
 
     print()
     print("Paired differences from the untrained team (same seed, same draws), pooled over seeds,")
@@ -187,6 +222,41 @@ def main():
                     of += rate.get("of", 0)
                 cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
         print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+
+    print()
+    print("Moves no peer could have shown, summed over agents and seeds: a wrong agent whose")
+    print("peers were all wrong too, right at the next turn (self-correction); a right agent")
+    print("whose peers were all right too, wrong at the next turn (drift):")
+    print()
+    heads = []
+    for t in range(2, turns + 1):
+        heads += [f"P(W→R \\| all wrong) {t-1}→{t}", f"P(R→W \\| all right) {t-1}→{t}"]
+    print(f"| row | {' | '.join(heads)} |")
+    print("|---|" + "---|" * len(heads))
+    for row in rows:
+        cells = []
+        for t in range(2, turns + 1):
+            for kind in ("self", "drift"):
+                moved = of = 0
+                for _, _, report in runs[row].values():
+                    m, o = report["unaided"].get((t, kind), (0, 0))
+                    moved, of = moved + m, of + o
+                cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
+        print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+
+    curves = sorted(root.glob("curve-seed*/step-*/eval.json"))
+    if curves:
+        print()
+        print("Training curve: the maporl row's checkpoints on the first held-out questions:")
+        print()
+        print(f"| seed | step | questions | {cols} |")
+        print("|---|---|---|" + "---|" * turns)
+        for path in curves:
+            report = json.loads(path.read_text())
+            seed = path.parent.parent.name.removeprefix("curve-seed")
+            step = int(path.parent.name.removeprefix("step-"))
+            accs = " | ".join(f"{t['majority_accuracy']:.3f}" for t in report["turns"])
+            print(f"| {seed} | {step} | {report['tasks']} | {accs} |")
 
 
 if __name__ == "__main__":
