@@ -122,7 +122,7 @@ pub fn worked_answer(question: &str, answer: i64) -> String {
         .strip_prefix("What is ")
         .and_then(|q| q.strip_suffix('?'));
     match expr {
-        Some(expr) => match column_sums(expr) {
+        Some(expr) => match column_sums(expr).or_else(|| column_differences(expr)) {
             Some(steps) => format!("{expr}: {steps}, so {answer}.\nAnswer: \\boxed{{{answer}}}"),
             None => format!("{expr} = {answer}\nAnswer: \\boxed{{{answer}}}"),
         },
@@ -263,6 +263,11 @@ mod tests {
             Some("7 - 7 = 0, 0 - 0 = 0")
         );
         assert_eq!(column_differences("23 - 58"), None);
+        assert_eq!(
+            worked_answer("What is 83 - 47?", 35),
+            "83 - 47: 13 - 7 = 6, 8 - 1 - 4 = 3, so 35.\nAnswer: \\boxed{35}",
+            "a slip after right working"
+        );
         // Every difference's working ends at its answer.
         for a in 0..100u32 {
             for b in 0..=a {
