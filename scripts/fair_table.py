@@ -8,8 +8,9 @@ eval.json):
 - the team's held-out accuracy per turn (the paper's majority with its tie rule, the same
   credit as `maporl eval`), mean and standard deviation over seeds;
 - the paired difference from the row's untrained team (off-the-shelf; for the heterogeneous
-  team, its own untrained version) per turn, pooled over seeds question by question, with a
-  bootstrap 95% interval that resamples questions within each seed;
+  and cross-domain teams, their own untrained versions) per turn, pooled over seeds question
+  by question, with a bootstrap 95% interval that resamples questions within each seed; and
+  MAPoRL's paired difference from every other row on the same model;
 - the row's own gain from turn 1 to each later turn (paired within the row) with its
   interval;
 - the conditional rates P(wrong->right | wrong, a peer right) and P(right->wrong | right, a
@@ -202,6 +203,29 @@ def main():
             lo, hi = bootstrap(strata, mean, resamples, rng)
             cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
         print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
+
+    if "maporl" in runs:
+        print()
+        print("MAPoRL (rule verifier) minus each other row on the same model, paired the same way:")
+        print()
+        print(f"| MAPoRL minus | seeds | {cols} |")
+        print("|---|---|" + "---|" * turns)
+        for row in rows:
+            if row == "maporl" or row.startswith(("heterogeneous", "cross-domain")):
+                continue
+            seeds = sorted(set(runs[row]) & set(runs["maporl"]))
+            if not seeds:
+                continue
+            cells = []
+            for t in range(turns):
+                strata = []
+                for s in seeds:
+                    a, b = runs["maporl"][s][0], runs[row][s][0]
+                    strata.append([a[i][t] - b[i][t] for i in a if i in b])
+                d = mean([x for s in strata for x in s])
+                lo, hi = bootstrap(strata, mean, resamples, rng)
+                cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
 
     print()
     print("Conditional rates, summed over agents and seeds (moved/of):")
