@@ -117,7 +117,12 @@ def read_eval(path):
             out[d["task"]["id"]] = [credit(d, k) for k in range(1, t + 1)]
             unaided(d, counts)
     report = json.loads((path / "eval.json").read_text())
-    report["unaided"] = counts
+    # maporl eval's conditional rates beside the unaided moves, keyed alike.
+    for metrics in report["turns"]:
+        for key in ("corrected_by_peers", "misled_by_peers"):
+            rate = metrics.get(key) or {}
+            counts[(metrics["turn"], key)] = [rate.get("moved", 0), rate.get("of", 0)]
+    report["rates"] = counts
     return out, turns, report
 
 
@@ -131,6 +136,13 @@ def bootstrap(strata, stat, resamples, rng):
         values.append(stat(pooled))
     values.sort()
     return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
+
+
+def interval(strata, resamples, rng):
+    """The pooled mean of strata's values and its bootstrap 95% interval, as a table cell."""
+    d = mean([x for s in strata for x in s])
+    lo, hi = bootstrap(strata, mean, resamples, rng)
+    return f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def mean(xs):
@@ -171,102 +183,85 @@ def main():
                 cells.append(f"{accs[0]:.3f}")
         for t in range(1, turns):
             strata = [[c[t] - c[0] for c in runs[row][s][0].values()] for s in seeds]
-            gain = mean([x for s in strata for x in s])
-            lo, hi = bootstrap(strata, mean, resamples, rng)
-            cells.append(f"{gain:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            cells.append(interval(strata, resamples, rng))
         seeds_s = ",".join(map(str, seeds))
         print(f"| {LABEL.get(row, row)} | {seeds_s} | {' | '.join(cells)} |")
 
-    print()
-    print("Paired differences from the untrained team (same seed, same draws), pooled over seeds,")
-    print("with bootstrap 95% intervals over questions:")
-    print()
-    print(f"| row minus its untrained team | seeds | {cols} |")
-    print("|---|---|" + "---|" * turns)
-    for row in rows:
-        base = "off-the-shelf"
-        for family in ("heterogeneous", "cross-domain"):
-            if row.startswith(family):
-                base = f"{family}-before"
-        if row == base or base not in runs:
-            continue
-        seeds = sorted(set(runs[row]) & set(runs[base]))
-        if not seeds:
-            continue
-        cells = []
-        for t in range(turns):
-            strata = []
-            for s in seeds:
-                a, b = runs[row][s][0], runs[base][s][0]
-                strata.append([a[i][t] - b[i][t] for i in a if i in b])
-            d = mean([x for s in strata for x in s])
-            lo, hi = bootstrap(strata, mean, resamples, rng)
-            cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-        print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
-
-    if "maporl" in runs:
+    def paired_table(title, header, pairs):
+        """One line per (row, first, second): first minus second, per turn."""
         print()
-        print("MAPoRL (rule verifier) minus each other row on the same model, paired the same way:")
+        print(title)
         print()
-        print(f"| MAPoRL minus | seeds | {cols} |")
+        print(f"| {header} | seeds | {cols} |")
         print("|---|---|" + "---|" * turns)
-        for row in rows:
-            if row == "maporl" or row.startswith(("heterogeneous", "cross-domain")):
-                continue
-            seeds = sorted(set(runs[row]) & set(runs["maporl"]))
+        for row, first, second in pairs:
+            seeds = sorted(set(runs[first]) & set(runs[second]))
             if not seeds:
                 continue
             cells = []
             for t in range(turns):
                 strata = []
                 for s in seeds:
-                    a, b = runs["maporl"][s][0], runs[row][s][0]
+                    a, b = runs[first][s][0], runs[second][s][0]
                     strata.append([a[i][t] - b[i][t] for i in a if i in b])
-                d = mean([x for s in strata for x in s])
-                lo, hi = bootstrap(strata, mean, resamples, rng)
-                cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+                cells.append(interval(strata, resamples, rng))
             print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
 
-    print()
-    print("Conditional rates, summed over agents and seeds (moved/of):")
-    print()
-    heads = []
-    for t in range(2, turns + 1):
-        heads += [f"P(W→R \\| wrong, a peer right) {t-1}→{t}", f"P(R→W \\| right, a peer wrong) {t-1}→{t}"]
-    print(f"| row | {' | '.join(heads)} |")
-    print("|---|" + "---|" * len(heads))
-    for row in rows:
-        cells = []
-        for t in range(2, turns + 1):
-            for key in ("corrected_by_peers", "misled_by_peers"):
-                moved = of = 0
-                for _, _, report in runs[row].values():
-                    rate = report["turns"][t - 1].get(key) or {}
-                    moved += rate.get("moved", 0)
-                    of += rate.get("of", 0)
-                cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
-        print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+    def base_of(row):
+        for family in ("heterogeneous", "cross-domain"):
+            if row.startswith(family):
+                return f"{family}-before"
+        return "off-the-shelf"
 
-    print()
-    print("Moves no peer could have shown, summed over agents and seeds: a wrong agent whose")
-    print("peers were all wrong too, right at the next turn (self-correction); a right agent")
-    print("whose peers were all right too, wrong at the next turn (drift):")
-    print()
-    heads = []
-    for t in range(2, turns + 1):
-        heads += [f"P(W→R \\| all wrong) {t-1}→{t}", f"P(R→W \\| all right) {t-1}→{t}"]
-    print(f"| row | {' | '.join(heads)} |")
-    print("|---|" + "---|" * len(heads))
-    for row in rows:
-        cells = []
-        for t in range(2, turns + 1):
-            for kind in ("self", "drift"):
-                moved = of = 0
-                for _, _, report in runs[row].values():
-                    m, o = report["unaided"].get((t, kind), (0, 0))
-                    moved, of = moved + m, of + o
-                cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
-        print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+    paired_table(
+        "Paired differences from the untrained team (same seed, same draws), pooled over seeds,\n"
+        "with bootstrap 95% intervals over questions:",
+        "row minus its untrained team",
+        [(r, r, base_of(r)) for r in rows if r != base_of(r) and base_of(r) in runs],
+    )
+    if "maporl" in runs:
+        paired_table(
+            "MAPoRL (rule verifier) minus each other row on the same model, paired the same way:",
+            "MAPoRL minus",
+            [
+                (r, "maporl", r)
+                for r in rows
+                if r != "maporl" and not r.startswith(("heterogeneous", "cross-domain"))
+            ],
+        )
+
+    def rate_table(title, kinds):
+        """Per row, each transition's rates of `kinds` ((key, heading) pairs), summed."""
+        print()
+        print(title)
+        print()
+        heads = [f"{head} {t-1}→{t}" for t in range(2, turns + 1) for _, head in kinds]
+        print(f"| row | {' | '.join(heads)} |")
+        print("|---|" + "---|" * len(heads))
+        for row in rows:
+            cells = []
+            for t in range(2, turns + 1):
+                for kind, _ in kinds:
+                    moved = of = 0
+                    for _, _, report in runs[row].values():
+                        m, o = report["rates"].get((t, kind), (0, 0))
+                        moved, of = moved + m, of + o
+                    cells.append(f"{moved / of:.3f} ({moved}/{of})" if of else "-")
+            print(f"| {LABEL.get(row, row)} | {' | '.join(cells)} |")
+
+    rate_table(
+        "Conditional rates, summed over agents and seeds (moved/of):",
+        [
+            ("corrected_by_peers", "P(W→R \\| wrong, a peer right)"),
+            ("misled_by_peers", "P(R→W \\| right, a peer wrong)"),
+        ],
+    )
+    rate_table(
+        "Moves no peer could have shown, summed over agents and seeds: a wrong agent whose\n"
+        "peers were all wrong too, right at the next turn (self-correction); a right agent\n"
+        "whose peers were all right too, wrong at the next turn (drift):",
+        [("self", "P(W→R \\| all wrong)"), ("drift", "P(R→W \\| all right)")],
+    )
 
     curves = sorted(root.glob("curve-seed*/step-*/eval.json"))
     if curves:

@@ -458,14 +458,16 @@ mod tests {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
         };
         let x = Tensor::ones((200, 100), DType::F32, &Device::Cpu).unwrap();
+        let apply = |d: &Dropout| -> Vec<f32> {
+            d.apply(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
         let d = dropout(5);
-        let first: Vec<f32> = d
-            .apply(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let first = apply(&d);
         let zeros = first.iter().filter(|&&v| v == 0.0).count() as f64 / first.len() as f64;
         assert!((zeros - 0.25).abs() < 0.02, "dropped {zeros}");
         assert!(first
@@ -473,21 +475,8 @@ mod tests {
             .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
         let mean = first.iter().sum::<f32>() / first.len() as f32;
         assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
-        let second: Vec<f32> = d
-            .apply(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert_ne!(first, second, "each call draws a fresh mask");
-        let again: Vec<f32> = dropout(5)
-            .apply(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        assert_ne!(first, apply(&d), "each call draws a fresh mask");
+        let again = apply(&dropout(5));
         assert_eq!(first, again, "the same seed drops the same elements");
     }
 }
