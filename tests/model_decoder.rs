@@ -503,7 +503,7 @@ fn lora_zero_b_equals_base_and_merge_equals_lora_forward() {
     }
 }
 
-/// LoRA dropout (SFT's `train.lora_dropout`) changes the adapted forward, differently at
+/// LoRA dropout (`train.sft.lora_dropout`) changes the adapted forward, differently at
 /// each call, reproducibly for a seed, and not at all once switched off; the base alone is
 /// untouched by it.
 #[test]

@@ -296,10 +296,7 @@ fn learn_tokenizer<'a>(
 /// (fewer when the question space runs out).
 fn teacher_tasks(count: usize, config: &Config, exclude: &[Task]) -> Vec<Task> {
     let excluded: HashSet<&str> = exclude.iter().map(|t| t.question.as_str()).collect();
-    let families = match config.warm_start.as_ref().map(|w| w.families.as_slice()) {
-        Some(f) if !f.is_empty() => f.to_vec(),
-        _ => vec![config.data.difficulty],
-    };
+    let families = families(config);
     let k = families.len();
     // Each family's share, then the families interleaved so that tasks and drills (the
     // front and the back of the list) both hold every family.
@@ -358,8 +355,7 @@ fn family_tasks(
 /// two families has seen neither family's evaluation questions.
 pub fn excluded(config: &Config) -> anyhow::Result<Vec<Task>> {
     let mut out = crate::session::tasks(config)?;
-    let families = config.warm_start.as_ref().map(|w| w.families.clone());
-    for f in families.unwrap_or_default() {
+    for f in families(config) {
         if f != config.data.difficulty {
             let mut other = config.clone();
             other.data.difficulty = f;
@@ -367,6 +363,15 @@ pub fn excluded(config: &Config) -> anyhow::Result<Vec<Task>> {
         }
     }
     Ok(out)
+}
+
+/// The arithmetic difficulties the teachers draw from: `warm_start.families`, or
+/// `data.difficulty` alone.
+fn families(config: &Config) -> Vec<u32> {
+    match config.warm_start.as_ref().map(|w| w.families.as_slice()) {
+        Some(f) if !f.is_empty() => f.to_vec(),
+        _ => vec![config.data.difficulty],
+    }
 }
 
 /// HF-style initial weights: every matrix uniform with standard deviation 0.02, norms at 1.

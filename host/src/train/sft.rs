@@ -138,7 +138,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
         }
         let agent = session.team.agent_mut(a as usize);
         let base = agent.base.clone();
-        agent.lora = Some(Lora::new(
+        let mut lora = Lora::new(
             &base,
             LoraConfig {
                 r: t.lora_r,
@@ -146,10 +146,9 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                 target_modules: t.lora_targets.clone(),
             },
             cfg.seed + u64::from(a),
-        )?);
-        if let Some(lora) = session.team.agent_mut(a as usize).lora.as_mut() {
-            lora.set_dropout(sft.lora_dropout, cfg.seed ^ 0xd509 ^ u64::from(a))?;
-        }
+        )?;
+        lora.set_dropout(sft.lora_dropout, cfg.seed ^ 0xd509 ^ u64::from(a))?;
+        agent.lora = Some(lora);
         let agent = session.team.agent(a as usize);
         let mut optimizer =
             AgentOptimizer::new(agent.named_trainable_vars(), sft.lr, t.ppo.weight_decay)?;
