@@ -13,6 +13,9 @@
 #   BENCH_SET="--set train.ppo.epochs=1" scripts/bench-iteration.sh   # more --set overrides
 #   BASELINE=/path/to/old/maporl scripts/bench-iteration.sh  # the same step with an older
 #                                    # build first, then a phase-by-phase ratio (one run)
+#   BASELINE_SET="--set generation.prefix_cache_mib=0" scripts/bench-iteration.sh
+#                                    # the baseline is today's build (or BASELINE) with these
+#                                    # overrides: one feature off against on, in one run
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -44,6 +47,9 @@ one_step() {
         --set run_dir="$2/run" --set train.steps=1 --set data.count=8 --set debate.agents=2 \
         --set debate.turns=3 --set generation.max_new_tokens=96 ${BENCH_SET:-}
 }
+if [ -n "${BASELINE:-}" ] || [ -n "${BASELINE_SET:-}" ]; then
+    COMPARE=1
+fi
 if [ -n "${BASELINE:-}" ]; then
     # A baseline built in this target directory can leave artefacts cargo takes for fresh,
     # so that "now" is the baseline again: build it in a target directory of its own.
@@ -51,8 +57,10 @@ if [ -n "${BASELINE:-}" ]; then
         echo "BASELINE ($BASELINE) is the binary just built; build the baseline with its own CARGO_TARGET_DIR" >&2
         exit 1
     fi
-    echo "baseline: $BASELINE"
-    one_step "$BASELINE" "$OUT/baseline"
+fi
+if [ -n "${COMPARE:-}" ]; then
+    echo "baseline: ${BASELINE:-this build} ${BASELINE_SET:-}"
+    BENCH_SET="${BENCH_SET:-} ${BASELINE_SET:-}" one_step "${BASELINE:-$OUT/maporl}" "$OUT/baseline"
 fi
 one_step "$OUT/maporl" "$OUT"
 RSS_KB="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$OUT/time.txt")"
@@ -117,7 +125,10 @@ if sys.argv[4]:
     # weight once), so generation's share of the FLOP peak understates how close it is.
     n = t["params"]
     seqs = [p + r for b in batches for p, r in zip(b["prompt_lens"], b["response_lens"])]
-    gen_flops = 2 * n * sum(seqs)
+    # Prompt positions the generation prefix cache served are not computed.
+    prompts = sum(p for b in batches for p in b["prompt_lens"])
+    gen_hit = m.get("generation_prefix_hit_rate") or 0.0
+    gen_flops = 2 * n * (sum(seqs) - prompts * gen_hit)
     hits = [s.get("reference_prefix_hit_rate") or 0.0 for s in m["agents"].values()]
     hit = sum(hits) / max(len(hits), 1)
     score_flops = 2 * n * sum(seqs) * (1 - hit)
@@ -137,7 +148,7 @@ if sys.argv[4]:
         rate = f / max(s, 1e-9) / 1e9
         print(f"| {name} | {f / 1e9:.0f} | {rate:.1f} | {rate / t['peak_gflops']:.1%} |")
 PY
-if [ -n "${BASELINE:-}" ]; then
+if [ -n "${COMPARE:-}" ]; then
     python3 - "$OUT/baseline/run/metrics.jsonl" "$OUT/run/metrics.jsonl" <<'PY'
 import json, sys
 old, new = (json.loads(open(p).readline()) for p in sys.argv[1:3])
@@ -154,6 +165,9 @@ for (name, a), (_, b) in zip(phases(old), phases(new)):
     print(f"| {name} | {a:.1f} | {b:.1f} | {a / max(b, 1e-9):.2f}x |")
 hits = [s.get("reference_prefix_hit_rate") for s in new["agents"].values()]
 print(f"reference scoring: prefix hit rate {', '.join(f'{h:.1%}' for h in hits if h is not None)} (per agent)")
+for name, m in [("baseline", old), ("now", new)]:
+    if "generation_prefix_hit_rate" in m:
+        print(f"generation: prefix hit rate {m['generation_prefix_hit_rate']:.1%} ({name})")
 PY
 fi
 echo "raw: $OUT"

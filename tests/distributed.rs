@@ -153,8 +153,9 @@ fn comparable(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
                             && !k.ends_with("_per_second")
                             && !k.ends_with("_mib")
                             && k != "collective_bytes"
-                            // Each rank shares prefixes within its share of the batch only.
-                            && k != "reference_prefix_hit_rate"
+                            // Each rank shares prefixes within its share of the batch only
+                            // (the reference's scoring and generation).
+                            && !k.ends_with("prefix_hit_rate")
                     });
                     for v in o.values_mut() {
                         strip(v);

@@ -6,9 +6,9 @@ use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models as ct;
 use maporl::model::Pass;
 use maporl::model::{
-    generate, generate_together, generate_traced, score, score_at_temperature,
-    score_shared_prefixes, Agent, Base, Config, GenerateOptions, KvCache, Lora, LoraConfig,
-    Sampler, SamplingParams, Speaker, ValueHead,
+    generate, generate_sharing, generate_together, generate_traced, score, score_at_temperature,
+    score_shared_prefixes, Agent, Base, Config, GenerateOptions, Generation, KvCache, Lora,
+    LoraConfig, PrefixCache, Sampler, SamplingParams, Speaker, ValueHead,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1229,4 +1229,142 @@ fn sliding_window_attends_to_the_last_window_positions_only() {
         &short.i((0, 2, ..)).unwrap(),
     );
     assert!(d < 1e-4, "cached windowed decoding differs by {d}");
+}
+
+/// Generations of `agents` (one base) on `prompts`, each agent drawing from its own seeded
+/// sampler and the learners tracing at 0.8: with `cache`, through it.
+fn speak(
+    agents: &[Agent],
+    prompts: &[Vec<Vec<u32>>],
+    cache: Option<&mut PrefixCache>,
+) -> Vec<Vec<Generation>> {
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        stop_tokens: (100..104).collect(),
+        pad_token: 0,
+    };
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 1.0,
+        top_k: 0,
+    };
+    let mut samplers: Vec<Sampler> = (0..agents.len())
+        .map(|k| Sampler::new(p, 40 + k as u64))
+        .collect();
+    let mut speakers: Vec<Speaker> = samplers
+        .iter_mut()
+        .enumerate()
+        .map(|(k, sampler)| Speaker {
+            agent: &agents[k],
+            prompts: &prompts[k],
+            sampler,
+            trace_at: agents[k].value_head.is_some().then_some(0.8),
+        })
+        .collect();
+    match cache {
+        Some(c) => generate_sharing(&mut speakers, &opts, c).unwrap(),
+        None => generate_together(&mut speakers, &opts).unwrap(),
+    }
+}
+
+/// The largest difference between two runs' log-probs, traces and values; their tokens
+/// must be the same.
+fn generation_diff(a: &[Vec<Generation>], b: &[Vec<Generation>]) -> f32 {
+    let mut worst = 0f32;
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert_eq!(x.tokens, y.tokens);
+        assert_eq!(x.stopped, y.stopped);
+        let mut pairs: Vec<(f32, f32)> =
+            x.logprobs.iter().copied().zip(y.logprobs.clone()).collect();
+        if let (Some(s), Some(t)) = (&x.trace, &y.trace) {
+            pairs.extend(s.logprobs.iter().copied().zip(t.logprobs.clone()));
+            pairs.extend(s.values.iter().copied().zip(t.values.clone()));
+        }
+        for (u, v) in pairs {
+            worst = worst.max((u - v).abs());
+        }
+    }
+    worst
+}
+
+#[test]
+fn the_prefix_cache_changes_the_work_not_the_generations() {
+    // Every rotary layout: Llama 3 scaling, partial rotary (Phi-3), a head_dim of its own
+    // (Mistral), Qwen2's biases. A learner (adapter, value head) and two bare agents share a
+    // base; prompts of several lengths (so rows sit after different paddings), the bare
+    // agents' first prompts identical, then prompts that extend the first turn's
+    // conversations, then the learner's adapter trained in place.
+    for (name, json, targets) in [
+        ("llama", LLAMA, &["q_proj", "v_proj", "down_proj"][..]),
+        ("phi3", PHI3, &["qkv_proj", "o_proj", "gate_up_proj"][..]),
+        ("mistral", MISTRAL, &["k_proj", "up_proj"][..]),
+        ("qwen2", QWEN2, &["q_proj", "o_proj"][..]),
+    ] {
+        let (vm, _) = random_base(json, 81);
+        let base = Arc::new(frozen(json, &vm));
+        let mut learner = Agent::new(base.clone());
+        let lora = Lora::new(&base, lora_cfg(targets), 5).unwrap();
+        randomize_lora(&lora, 6);
+        learner.lora = Some(lora);
+        learner.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 7).unwrap());
+        let agents = [learner, Agent::new(base.clone()), Agent::new(base.clone())];
+        let turn1: Vec<Vec<Vec<u32>>> = vec![
+            vec![(1..12).collect(), vec![20, 21, 22]],
+            vec![(30..47).collect(), vec![50, 51, 52, 53, 54]],
+            vec![(30..47).collect()],
+        ];
+        let mut cache = PrefixCache::new(64 << 20);
+        let plain = speak(&agents, &turn1, None);
+        let shared = speak(&agents, &turn1, Some(&mut cache));
+        let d1 = generation_diff(&plain, &shared);
+        let first = cache.take_stats();
+        // Agent 2's prompt is agent 1's, and the bare agents share their weights: computed
+        // once, but for its last token.
+        assert_eq!(first.reused, 16, "{name}");
+        assert_eq!(first.computed, 11 + 3 + 17 + 5 + 1, "{name}");
+        // The same prompts again: only each one's last token is computed.
+        let again = speak(&agents, &turn1, Some(&mut cache));
+        let d2 = generation_diff(&plain, &again);
+        let second = cache.take_stats();
+        assert_eq!(second.computed, 5, "{name}");
+        assert_eq!(second.reused, 10 + 2 + 16 + 4 + 16, "{name}");
+        // Turn 2: each conversation (prompt and response) with new tokens after it.
+        let turn2: Vec<Vec<Vec<u32>>> = turn1
+            .iter()
+            .zip(&plain)
+            .map(|(prompts, gens)| {
+                prompts
+                    .iter()
+                    .zip(gens)
+                    .map(|(p, g)| [p.clone(), g.tokens.clone(), vec![60, 61, 62]].concat())
+                    .collect()
+            })
+            .collect();
+        let plain2 = speak(&agents, &turn2, None);
+        let shared2 = speak(&agents, &turn2, Some(&mut cache));
+        let d3 = generation_diff(&plain2, &shared2);
+        let third = cache.take_stats();
+        // Each conversation is held but for its last generated token, which no forward read.
+        let held: usize = turn1
+            .iter()
+            .zip(&plain)
+            .flat_map(|(ps, gs)| ps.iter().zip(gs).map(|(p, g)| p.len() + g.tokens.len() - 1))
+            .sum();
+        assert!(
+            third.reused as usize >= held,
+            "{name}: {third:?}, {held} held"
+        );
+        // The learner's adapter trains: what its old weights computed must not be used.
+        randomize_lora(agents[0].lora.as_ref().unwrap(), 8);
+        let plain3 = speak(&agents, &turn2, None);
+        let shared3 = speak(&agents, &turn2, Some(&mut cache));
+        let d4 = generation_diff(&plain3, &shared3);
+        assert_ne!(
+            plain2[0][0].logprobs, plain3[0][0].logprobs,
+            "the training mattered"
+        );
+        let worst = d1.max(d2).max(d3).max(d4);
+        eprintln!("{name}: prefix cache against none: {worst:e}");
+        assert!(worst < 1e-4, "{name}: {worst}");
+    }
 }

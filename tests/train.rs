@@ -134,6 +134,9 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
             "one accuracy per turn"
         );
         assert!(line["reward_parts"]["influence"].is_number(), "{line}");
+        // Turn 2's prompts extend turn 1's conversations: the prefix cache serves them.
+        let hit = line["generation_prefix_hit_rate"].as_f64().unwrap();
+        assert!(hit > 0.1 && hit < 1.0, "{line}");
     }
     // The learning rate decays linearly to 0.1x by the last step.
     let lrs: Vec<f64> = lines
@@ -175,8 +178,18 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     }
 
     let run = dir.path().join("single");
-    let lines = train(&run, &model, &["--set", "train.mode=single"]);
+    let lines = train(
+        &run,
+        &model,
+        &[
+            "--set",
+            "train.mode=single",
+            "--set",
+            "generation.prefix_cache_mib=0",
+        ],
+    );
     for line in &lines {
+        assert_eq!(line["generation_prefix_hit_rate"], 0.0, "no cache: {line}");
         assert_eq!(
             line["agents"]
                 .as_object()

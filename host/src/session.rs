@@ -113,9 +113,13 @@ impl Session {
     /// between ranks (`distributed.placement = "agents"`), every rank must call it with the
     /// same tasks: each generates its agents' responses and all hold every debate.
     pub fn debate(&mut self, tasks: &[Task]) -> anyhow::Result<debate::Rollout> {
+        // Each batch's prompts share prefixes within it only, so that what it generates
+        // does not depend on the batches before it (a resumed run has none of them), and
+        // the cache's memory is free again for what follows (the update).
+        self.team.forget_prefixes();
         let d = &self.config.debate;
         let (agents, turns, on_error) = (d.agents, d.turns, d.on_plugin_error);
-        if self.config.spreads_agents() {
+        let rollout = if self.config.spreads_agents() {
             let world = crate::distributed::world();
             let mut team = debate::SpreadTeam::new(&mut self.team, world);
             debate::run(&mut self.plugins, &mut team, tasks, agents, turns, on_error)
@@ -128,7 +132,9 @@ impl Session {
                 turns,
                 on_error,
             )
-        }
+        };
+        self.team.forget_prefixes();
+        rollout
     }
 
     /// What a plugin failure does to the run (`debate.on_plugin_error`).
@@ -150,6 +156,7 @@ pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
         batch_size: config.debate.batch_size * config.debate.agents as usize,
         seed: config.seed,
         dtype: config.model.candle_dtype(),
+        prefix_cache_bytes: config.generation.prefix_cache_mib << 20,
     };
     // With one agent per rank, each rank loads (and opens the device of) its own agents.
     let world = crate::distributed::world();

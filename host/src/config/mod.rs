@@ -472,6 +472,9 @@ pub struct DebateConfig {
     pub on_plugin_error: OnPluginError,
 }
 
+/// The largest `generation.prefix_cache_mib` (16 TiB), so that its bytes fit a `usize`.
+const MAX_PREFIX_CACHE_MIB: usize = 1 << 24;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GenerationConfig {
@@ -481,6 +484,10 @@ pub struct GenerationConfig {
     /// 0 disables top-k.
     pub top_k: usize,
     pub max_new_tokens: usize,
+    /// MiB of prompts' keys and values kept so that prompts extending them (every agent's
+    /// turn-1 question under a frozen turn 1; each agent's next turn) are not computed again;
+    /// 0 turns the cache off (and the prompts are then prefilled as one padded batch).
+    pub prefix_cache_mib: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -580,6 +587,7 @@ impl Default for GenerationConfig {
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 300,
+            prefix_cache_mib: 1024,
         }
     }
 }
@@ -715,6 +723,13 @@ impl Config {
         }
         if g.max_new_tokens == 0 {
             bail!("generation.max_new_tokens must be at least 1");
+        }
+        if g.prefix_cache_mib > MAX_PREFIX_CACHE_MIB {
+            bail!(
+                "generation.prefix_cache_mib = {}: expected at most {MAX_PREFIX_CACHE_MIB} \
+                 (16 TiB; 0 turns the cache off)",
+                g.prefix_cache_mib
+            );
         }
         let t = &self.train;
         if t.adapter_from_turn == 0 || t.adapter_from_turn > self.debate.turns {

@@ -2,13 +2,15 @@
 //! template and generated in batches across tasks, with its own seeded sampler.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 
 use super::{Request, Response, Team, TokenIds};
-use crate::model::{self, Agent, ChatTemplate, GenerateOptions, Sampler, SamplingParams};
+use crate::model::{
+    self, Agent, ChatTemplate, GenerateOptions, PrefixCache, PrefixStats, Sampler, SamplingParams,
+};
 use crate::transcript::ChatMessage;
 
 /// What an agent needs to talk: its model's tokenizer, chat template and stop tokens.
@@ -44,6 +46,8 @@ pub struct ModelTeam {
     /// Whether learners record their policy traces under paired draws (training with
     /// [`ModelTeam::draw_per_request`]; evaluations record nothing).
     trace_paired: bool,
+    /// The generation prefix cache (`generation.prefix_cache_mib`); `None` when off.
+    prefixes: Option<Mutex<PrefixCache>>,
 }
 
 /// Sampling and batching of a [`ModelTeam`].
@@ -56,6 +60,8 @@ pub struct TeamOptions {
     pub batch_size: usize,
     pub seed: u64,
     pub dtype: DType,
+    /// Bytes of prompts' keys and values kept for the prompts that extend them (0: none).
+    pub prefix_cache_bytes: usize,
 }
 
 impl ModelTeam {
@@ -122,6 +128,8 @@ impl ModelTeam {
             trace_paired: false,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
+            prefixes: (opts.prefix_cache_bytes > 0)
+                .then(|| Mutex::new(PrefixCache::new(opts.prefix_cache_bytes))),
         })
     }
 
@@ -322,7 +330,10 @@ impl ModelTeam {
                     sampler,
                 });
             }
-            let generations = model::generate_together(&mut speakers, &opts)?;
+            let generations = match self.prefix_cache() {
+                Some(p) => model::generate_sharing(&mut speakers, &opts, &mut lock(p))?,
+                None => model::generate_together(&mut speakers, &opts)?,
+            };
             for (&(k, first, _), gens) in units.iter().zip(generations) {
                 let agent = asks[k].0;
                 for (prompt, g) in prompts[k][first..].iter().zip(gens) {
@@ -344,6 +355,32 @@ impl ModelTeam {
             }
         }
         Ok(out)
+    }
+
+    /// The generation prefix cache, when it is on and can serve this team: not while an
+    /// agent fine-tunes its base's own weights, which the cache's keys do not follow.
+    fn prefix_cache(&self) -> Option<&Mutex<PrefixCache>> {
+        let full = self
+            .members
+            .iter()
+            .flatten()
+            .any(|m| !m.agent.weights.is_empty());
+        self.prefixes.as_ref().filter(|_| !full)
+    }
+
+    /// Empties the prefix cache (what it served so far is still counted).
+    pub fn forget_prefixes(&self) {
+        if let Some(p) = &self.prefixes {
+            lock(p).clear();
+        }
+    }
+
+    /// How much of the prompts generated since the last call the prefix cache served
+    /// (nothing when it is off).
+    pub fn take_prefix_stats(&self) -> PrefixStats {
+        self.prefixes
+            .as_ref()
+            .map_or_else(PrefixStats::default, |p| lock(p).take_stats())
     }
 
     /// Paired draws (`Some(seed)`): from now on every response draws from a random stream
@@ -368,6 +405,12 @@ impl ModelTeam {
         self.paired = seed;
         self.trace_paired = seed.is_some();
     }
+}
+
+/// The prefix cache, whoever panicked holding it (what it holds stays consistent: each
+/// sequence goes in whole or not at all).
+fn lock(p: &Mutex<PrefixCache>) -> MutexGuard<'_, PrefixCache> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The seed of one request's stream under paired draws (FNV-1a over the request's identity,

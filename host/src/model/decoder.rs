@@ -266,6 +266,37 @@ impl KvCache {
         Ok(())
     }
 
+    /// A one-row cache holding `kvs` ((1, kv heads, positions, head dim) per layer, each
+    /// `len` positions) as its first positions; empty `kvs` is an empty cache.
+    pub(crate) fn from_prefix(kvs: Vec<(Tensor, Tensor)>, len: usize) -> KvCache {
+        let layers = kvs.len();
+        KvCache {
+            kvs: kvs.into_iter().map(Some).collect(),
+            len: if layers == 0 { 0 } else { len },
+        }
+    }
+
+    /// Batch row `row`'s keys and values at positions `from..len()`, per layer, each
+    /// (1, kv heads, len() - from, head dim).
+    pub(crate) fn row(&self, row: usize, from: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let n = self
+            .len
+            .checked_sub(from)
+            .ok_or_else(|| anyhow::anyhow!("KV cache: position {from} is past its {}", self.len))?;
+        self.kvs
+            .iter()
+            .map(|slot| {
+                let (k, v) = slot
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("KV cache: a layer holds nothing"))?;
+                Ok((
+                    k.narrow(0, row, 1)?.narrow(2, from, n)?,
+                    v.narrow(0, row, 1)?.narrow(2, from, n)?,
+                ))
+            })
+            .collect()
+    }
+
     /// Keeps only the batch rows `rows` (a u32 index vector), in that order: the rows of a
     /// batched generation that are still generating.
     pub(crate) fn retain_rows(&mut self, rows: &Tensor) -> Result<()> {
@@ -527,6 +558,93 @@ impl Base {
         let bias = lin.inner.bias().cloned();
         lin.inner = candle_nn::Linear::new(w, bias);
         Ok(())
+    }
+
+    /// A left-padded batch cache of `len` positions from each row's keys and values
+    /// (`rows[b]`: per layer, (1, kv heads, n_b, head dim), at positions counted from the
+    /// row's first token): row b's positions are placed after `len - n_b` padding positions,
+    /// its keys rotated there (RoPE rotations compose), as a padded prefill would have put
+    /// them. Returns the cache and each row's padding.
+    pub(crate) fn batch_cache(
+        &self,
+        rows: Vec<Vec<(Tensor, Tensor)>>,
+        len: usize,
+    ) -> Result<(KvCache, Vec<usize>)> {
+        let layers = self.layers.len();
+        let mut pads = Vec::with_capacity(rows.len());
+        let mut per_layer: Vec<(Vec<Tensor>, Vec<Tensor>)> =
+            (0..layers).map(|_| (Vec::new(), Vec::new())).collect();
+        for row in rows {
+            anyhow::ensure!(
+                row.len() == layers,
+                "a row with {} layers of {layers}",
+                row.len()
+            );
+            let n = row[0].0.dim(2)?;
+            anyhow::ensure!(n <= len, "a row of {n} positions in a batch of {len}");
+            let pad = len - n;
+            pads.push(pad);
+            for ((k, v), (ks, vs)) in row.into_iter().zip(per_layer.iter_mut()) {
+                let k = self.shift_keys(&k, pad as isize)?;
+                let (_, h, _, d) = k.dims4()?;
+                let (k, v) = if pad > 0 {
+                    let zeros = Tensor::zeros((1, h, pad, d), k.dtype(), k.device())?;
+                    (
+                        Tensor::cat(&[&zeros, &k], 2)?,
+                        Tensor::cat(&[&zeros, &v], 2)?,
+                    )
+                } else {
+                    (k, v)
+                };
+                ks.push(k);
+                vs.push(v);
+            }
+        }
+        let kvs = per_layer
+            .into_iter()
+            .map(|(ks, vs)| Ok(Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?))))
+            .collect::<Result<_>>()?;
+        Ok((KvCache { kvs, len }, pads))
+    }
+
+    /// Keys (1, kv heads, n, head dim) computed at positions p.. as they would be at
+    /// p + delta.. : each rotary pair turned by delta positions' angle (RoPE rotations
+    /// compose; the dims past the rotary ones are untouched).
+    pub(crate) fn shift_keys(&self, k: &Tensor, delta: isize) -> Result<Tensor> {
+        if delta == 0 {
+            return Ok(k.clone());
+        }
+        let n = k.dim(2)?;
+        let steps = delta.unsigned_abs();
+        let half = self.cos.dim(1)?;
+        // Turned in f32 whatever the model's dtype: one rounding, at the end.
+        let table = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.narrow(0, steps, 1)?
+                .to_dtype(DType::F32)?
+                .broadcast_as((n, half))?
+                .contiguous()?)
+        };
+        let (cos, mut sin) = (table(&self.cos)?, table(&self.sin)?);
+        if delta < 0 {
+            sin = sin.neg()?;
+        }
+        let rot = self.cfg.rotary_dim();
+        let hd = self.cfg.head_dim;
+        let turn = |x: &Tensor| -> Result<Tensor> {
+            Ok(
+                candle_nn::rotary_emb::rope(&x.to_dtype(DType::F32)?.contiguous()?, &cos, &sin)?
+                    .to_dtype(x.dtype())?,
+            )
+        };
+        if rot == hd {
+            turn(k)
+        } else {
+            let r = turn(&k.narrow(D::Minus1, 0, rot)?)?;
+            Ok(Tensor::cat(
+                &[&r, &k.narrow(D::Minus1, rot, hd - rot)?],
+                D::Minus1,
+            )?)
+        }
     }
 
     /// Runs the decoder over `ids` (batch, seq) and returns the final normed hidden states
@@ -894,6 +1012,64 @@ mod tests {
                 let reached = vars.iter().filter(|v| grads.get(v.as_tensor()).is_some());
                 assert_eq!(reached.count(), 0, "the cache reaches trainable weights");
             }
+        }
+    }
+
+    /// A row's keys computed after 7 padding positions equal its keys computed alone and
+    /// turned by 7 positions (and back): what a prefix cache does to place a row in a batch.
+    /// Every rotary layout: Llama 3 scaling, partial rotary, a head_dim of its own.
+    #[test]
+    fn turned_keys_equal_keys_computed_at_the_other_positions() {
+        for json in [
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":32,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,
+            "vocab_size":32,"rms_norm_eps":1e-5,"max_position_embeddings":64,
+            "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":16,"rope_type":"llama3"}}"#,
+            r#"{"architectures":["Phi3ForCausalLM"],"hidden_size":32,"intermediate_size":32,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":2,
+            "vocab_size":32,"rms_norm_eps":1e-5,"max_position_embeddings":64,
+            "partial_rotary_factor":0.5,"rope_scaling":null}"#,
+            r#"{"architectures":["MistralForCausalLM"],"hidden_size":32,"intermediate_size":32,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":24,
+            "vocab_size":32,"rms_norm_eps":1e-5,"max_position_embeddings":64}"#,
+        ] {
+            let cfg = Config::from_hf_json(json).unwrap();
+            let varmap = VarMap::new();
+            let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let base = Base::new(&cfg, vb).unwrap();
+            for (i, var) in varmap.all_vars().iter().enumerate() {
+                let t = Tensor::randn(0f32, 1.0, var.dims(), &Device::Cpu).unwrap();
+                var.set(&(t * (0.5 + i as f64 * 1e-3)).unwrap()).unwrap();
+            }
+            let row: Vec<u32> = (3..15).collect();
+            let padded = [vec![0; 7], row.clone()].concat();
+            let run = |ids: Vec<u32>, pad: usize| {
+                let mut cache = KvCache::new(2);
+                let n = ids.len();
+                let ids = Tensor::from_vec(ids, (1, n), &Device::Cpu).unwrap();
+                base.forward(&ids, &[pad], Some(&mut cache), None, Pass::Inference)
+                    .unwrap();
+                cache.row(0, pad).unwrap().remove(1)
+            };
+            let diff = |a: &Tensor, b: &Tensor| -> f32 {
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap()
+            };
+            let (k_alone, v_alone) = run(row.clone(), 0);
+            let (k_after, v_after) = run(padded, 7);
+            let turned = base.shift_keys(&k_alone, 7).unwrap();
+            assert!(diff(&turned, &k_after) < 1e-4, "{json}");
+            assert!(diff(&k_alone, &k_after) > 1e-3, "the rotation matters");
+            let back = base.shift_keys(&k_after, -7).unwrap();
+            assert!(diff(&back, &k_alone) < 1e-4);
+            assert!(diff(&v_alone, &v_after) < 1e-4);
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::agent::Agent;
 use super::decoder::{Adapter, KvCache, Pass, Target};
 use super::lora::Lora;
+use super::prefix::{speaker_key, PrefixCache};
 use anyhow::{bail, Result};
 use candle_core::{DType, IndexOp, Tensor, D};
 use rand::{Rng, SeedableRng};
@@ -285,7 +286,7 @@ pub fn generate_observed(
         sampler,
         trace_at: None,
     }];
-    Ok(decode(&mut speakers, opts, observe)?.remove(0))
+    Ok(decode(&mut speakers, opts, observe, None)?.remove(0))
 }
 
 /// One agent's share of a batch that several agents on one base generate together: its
@@ -307,7 +308,20 @@ pub fn generate_together(
     speakers: &mut [Speaker<'_>],
     opts: &GenerateOptions,
 ) -> Result<Vec<Vec<Generation>>> {
-    decode(speakers, opts, &mut |_, _| true)
+    decode(speakers, opts, &mut |_, _| true, None)
+}
+
+/// [`generate_together`] with a [`PrefixCache`]: each prompt's longest prefix held for its
+/// speaker's weights is not computed again, and every prompt and conversation is kept for
+/// the prompts that extend it. The prompts' forward then runs row by row (no padding), so
+/// the numbers differ from [`generate_together`]'s by rounding; the same inputs and cache
+/// give the same tokens.
+pub fn generate_sharing(
+    speakers: &mut [Speaker<'_>],
+    opts: &GenerateOptions,
+    prefixes: &mut PrefixCache,
+) -> Result<Vec<Vec<Generation>>> {
+    decode(speakers, opts, &mut |_, _| true, Some(prefixes))
 }
 
 /// The rows of a batch grouped by agent: `(first row, rows, adapter)` in row order.
@@ -356,6 +370,7 @@ fn decode(
     speakers: &mut [Speaker<'_>],
     opts: &GenerateOptions,
     observe: &mut dyn FnMut(usize, u32) -> bool,
+    mut prefixes: Option<&mut PrefixCache>,
 ) -> Result<Vec<Vec<Generation>>> {
     let Some(first) = speakers.first() else {
         return Ok(vec![]);
@@ -404,40 +419,51 @@ fn decode(
     if rows.is_empty() {
         return Ok(out);
     }
+    if opts.max_new_tokens == 0 {
+        return Ok(out);
+    }
     let dev = base.device();
-    let prompts: Vec<Vec<u32>> = rows
-        .iter()
-        .map(|&(k, i)| speakers[k].prompts[i].clone())
-        .collect();
-    let (ids, mut pads) = left_pad(&prompts, opts.pad_token, dev)?;
-    let mut cache = KvCache::new(base.config().num_hidden_layers);
+    // The prompts' forward: each row alone from its longest cached prefix, or the whole
+    // batch left padded. Either way: the cache, each row's padding, and each row's hidden
+    // state at its last prompt position.
+    let keys = match prefixes {
+        Some(_) => speakers
+            .iter()
+            .map(|s| speaker_key(s.agent))
+            .collect::<Result<Vec<_>>>()?,
+        None => vec![],
+    };
+    let (mut cache, mut pads, mut last) = match prefixes.as_deref_mut() {
+        Some(prefixes) => prefill_sharing(speakers, &keys, &rows, prefixes)?,
+        None => {
+            let prompts: Vec<Vec<u32>> = rows
+                .iter()
+                .map(|&(k, i)| speakers[k].prompts[i].clone())
+                .collect();
+            let (ids, pads) = left_pad(&prompts, opts.pad_token, dev)?;
+            let mut cache = KvCache::new(base.config().num_hidden_layers);
+            let live: Vec<usize> = (0..rows.len()).collect();
+            let adapters = row_adapters(speakers, &live, &rows);
+            let hidden = base.forward(
+                &ids,
+                &pads,
+                Some(&mut cache),
+                Some(&adapters as &dyn Adapter),
+                Pass::Inference,
+            )?;
+            let t = hidden.dim(1)?;
+            (cache, pads, hidden.i((.., t - 1, ..))?.contiguous()?)
+        }
+    };
     // `live[j]`: the row (index into `rows`) at batch position j; grouped by speaker, since
     // rows only ever leave.
     let mut live: Vec<usize> = (0..rows.len()).collect();
-    let mut input = ids;
-    for _ in 0..opts.max_new_tokens {
+    for step in 0..opts.max_new_tokens {
         let groups = speaker_groups(&live, &rows);
-        // Neighbouring speakers with the same adapter (or none) share one LoRA pass.
-        let mut adapters = RowAdapters { groups: Vec::new() };
-        for &(k, start, n) in &groups {
-            let lora = speakers[k].agent.lora.as_ref();
-            match adapters.groups.last_mut() {
-                Some((_, rows, last)) if same_adapter(*last, lora) => *rows += n,
-                _ => adapters.groups.push((start, n, lora)),
-            }
-        }
-        let hidden = base.forward(
-            &input,
-            &pads,
-            Some(&mut cache),
-            Some(&adapters as &dyn Adapter),
-            Pass::Inference,
-        )?;
-        let t = hidden.dim(1)?;
-        let last = hidden.i((.., t - 1, ..))?.contiguous()?;
         let logits = base.logits(&last)?;
         let mut keep = Vec::with_capacity(live.len());
         let mut next = Vec::with_capacity(live.len());
+        let mut ended = Vec::new();
         for &(k, start, n) in &groups {
             let speaker = &mut speakers[k];
             let group_logits = logits.narrow(0, start, n)?;
@@ -467,10 +493,36 @@ fn decode(
                 if !g.stopped && !cut {
                     keep.push(start + j);
                     next.push(tok);
+                } else {
+                    ended.push(start + j);
                 }
             }
         }
-        if keep.is_empty() {
+        let last_step = step + 1 == opts.max_new_tokens;
+        if let Some(prefixes) = prefixes.as_deref_mut() {
+            // Rows that end keep their conversation for the turns that extend it.
+            let done = if last_step || keep.is_empty() {
+                (0..live.len()).collect()
+            } else {
+                ended
+            };
+            for j in done {
+                let (k, i) = rows[live[j]];
+                if let Some(key) = keys[k] {
+                    let generated = &out[k][i].tokens;
+                    let mut tokens = speakers[k].prompts[i].clone();
+                    // The last token is not in the cache: no forward has read it yet.
+                    tokens.extend_from_slice(&generated[..generated.len() - 1]);
+                    let kv = cache
+                        .row(j, pads[j])?
+                        .into_iter()
+                        .map(|(k, v)| Ok((base.shift_keys(&k, -(pads[j] as isize))?, v)))
+                        .collect::<Result<Vec<_>>>()?;
+                    prefixes.insert(key, tokens, kv)?;
+                }
+            }
+        }
+        if keep.is_empty() || last_step {
             break;
         }
         if keep.len() < live.len() {
@@ -483,9 +535,85 @@ fn decode(
             pads = keep.iter().map(|&j| pads[j]).collect();
             live = keep.iter().map(|&j| live[j]).collect();
         }
-        input = Tensor::from_vec(next, (live.len(), 1), dev)?;
+        let input = Tensor::from_vec(next, (live.len(), 1), dev)?;
+        let adapters = row_adapters(speakers, &live, &rows);
+        let hidden = base.forward(
+            &input,
+            &pads,
+            Some(&mut cache),
+            Some(&adapters as &dyn Adapter),
+            Pass::Inference,
+        )?;
+        last = hidden.i((.., 0, ..))?.contiguous()?;
     }
     Ok(out)
+}
+
+/// The adapters of the live rows: each speaker's share with its own adapter, neighbouring
+/// speakers with the same adapter (or none) in one LoRA pass.
+fn row_adapters<'a>(
+    speakers: &[Speaker<'a>],
+    live: &[usize],
+    rows: &[(usize, usize)],
+) -> RowAdapters<'a> {
+    let mut adapters = RowAdapters { groups: Vec::new() };
+    for (k, start, n) in speaker_groups(live, rows) {
+        let lora = speakers[k].agent.lora.as_ref();
+        match adapters.groups.last_mut() {
+            Some((_, rows, last)) if same_adapter(*last, lora) => *rows += n,
+            _ => adapters.groups.push((start, n, lora)),
+        }
+    }
+    adapters
+}
+
+/// The prompts' forward with a prefix cache: each row alone, continuing from the longest
+/// prefix the cache holds for its speaker's weights, and kept in the cache for the rows
+/// after it (identical prompts of one batch are computed once). Returns the left-padded
+/// batch cache, each row's padding and each row's last hidden state.
+fn prefill_sharing(
+    speakers: &[Speaker<'_>],
+    keys: &[Option<u64>],
+    rows: &[(usize, usize)],
+    prefixes: &mut PrefixCache,
+) -> Result<(KvCache, Vec<usize>, Tensor)> {
+    let base = &speakers[0].agent.base;
+    let dev = base.device();
+    let mut kvs = Vec::with_capacity(rows.len());
+    let mut lasts = Vec::with_capacity(rows.len());
+    for &(k, i) in rows {
+        let prompt = &speakers[k].prompts[i];
+        let (reused, mut cache) = match keys[k].and_then(|key| prefixes.lookup(key, prompt)) {
+            Some((n, kv)) => (n, KvCache::from_prefix(kv, n)),
+            None => (0, KvCache::new(base.config().num_hidden_layers)),
+        };
+        let rest = &prompt[reused..];
+        let ids = Tensor::from_vec(rest.to_vec(), (1, rest.len()), dev)?;
+        let adapters = RowAdapters {
+            groups: vec![(0, 1, speakers[k].agent.lora.as_ref())],
+        };
+        let hidden = base.forward(
+            &ids,
+            &[0],
+            Some(&mut cache),
+            Some(&adapters as &dyn Adapter),
+            Pass::Inference,
+        )?;
+        lasts.push(hidden.i((.., rest.len() - 1, ..))?);
+        let kv = cache.row(0, 0)?;
+        prefixes.count(reused, rest.len());
+        if let Some(key) = keys[k] {
+            prefixes.insert(key, prompt.clone(), kv.clone())?;
+        }
+        kvs.push(kv);
+    }
+    let len = rows
+        .iter()
+        .map(|&(k, i)| speakers[k].prompts[i].len())
+        .max()
+        .unwrap_or(0);
+    let (cache, pads) = base.batch_cache(kvs, len)?;
+    Ok((cache, pads, Tensor::cat(&lasts, 0)?.contiguous()?))
 }
 
 fn same_adapter(a: Option<&Lora>, b: Option<&Lora>) -> bool {

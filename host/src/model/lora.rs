@@ -130,6 +130,11 @@ impl Lora {
         Ok(())
     }
 
+    /// Whether dropout is on (its output then is not a function of its weights alone).
+    pub fn dropout_on(&self) -> bool {
+        self.dropout.is_some()
+    }
+
     /// A fresh adapter: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's default), B = 0, so the adapted
     /// model starts equal to the base. Seeded.
     pub fn new(base: &Base, cfg: LoraConfig, seed: u64) -> Result<Lora> {

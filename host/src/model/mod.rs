@@ -16,6 +16,7 @@ pub mod hub;
 mod load;
 mod lora;
 mod memory;
+mod prefix;
 mod rows;
 
 pub use agent::Agent;
@@ -24,11 +25,12 @@ pub use config::{Act, Arch, Config, RopeScaling};
 pub use decoder::{Base, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
 pub use generate::{
-    generate, generate_observed, generate_together, generate_traced, score, score_at_temperature,
-    score_shared_prefixes, GenerateOptions, Generation, PolicyTrace, PrefixScored, RngState,
-    Sampler, SamplingParams, Scored, Speaker,
+    generate, generate_observed, generate_sharing, generate_together, generate_traced, score,
+    score_at_temperature, score_shared_prefixes, GenerateOptions, Generation, PolicyTrace,
+    PrefixScored, RngState, Sampler, SamplingParams, Scored, Speaker,
 };
 pub use hub::resolve_model;
 pub use load::{load, random, Loaded};
 pub use lora::{Lora, LoraConfig, ValueHead};
 pub use memory::{keep_freed_memory, resident_mib, Resident};
+pub use prefix::{speaker_key, PrefixCache, PrefixStats};

@@ -121,6 +121,8 @@ struct Metrics {
     rollout_seconds: f64,
     /// The parts of `rollout_seconds` spent generating and inside plugin calls.
     generation_seconds: f64,
+    /// The share of the step's prompt positions the generation prefix cache served.
+    generation_prefix_hit_rate: f64,
     plugin_seconds: f64,
     update_seconds: f64,
     /// The parts of `update_seconds`, summed over agents: scoring with the policy (old
@@ -424,6 +426,7 @@ impl Trainer {
         } else {
             &chunk[..]
         };
+        self.session.team.take_prefix_stats();
         let mut rollout = self
             .session
             .debate(mine)
@@ -438,6 +441,8 @@ impl Trainer {
                 .with_context(|| format!("step {step}"))?;
         }
         let rollout_seconds = started.elapsed().as_secs_f64();
+        // This rank's share: each rank generates its own debates.
+        let prefix_hit_rate = self.session.team.take_prefix_stats().hit_rate();
 
         let started = Instant::now();
         let t = &cfg.train;
@@ -573,6 +578,7 @@ impl Trainer {
             agents,
             rollout_seconds,
             generation_seconds: rollout.team_time.as_secs_f64(),
+            generation_prefix_hit_rate: prefix_hit_rate,
             plugin_seconds: rollout.plugin_time.as_secs_f64(),
             update_seconds,
             score_seconds,
