@@ -7,8 +7,8 @@ use candle_transformers::models as ct;
 use maporl::model::Pass;
 use maporl::model::{
     generate, generate_sharing, generate_together, generate_traced, score, score_at_temperature,
-    score_shared_prefixes, Agent, Base, Config, GenerateOptions, Generation, KvCache, Lora,
-    LoraConfig, PrefixCache, Sampler, SamplingParams, Speaker, ValueHead,
+    score_checkpointed, score_shared_prefixes, Agent, Base, Config, GenerateOptions, Generation,
+    KvCache, Lora, LoraConfig, PrefixCache, Sampler, SamplingParams, Scored, Speaker, ValueHead,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1365,6 +1365,86 @@ fn the_prefix_cache_changes_the_work_not_the_generations() {
         );
         let worst = d1.max(d2).max(d3).max(d4);
         eprintln!("{name}: prefix cache against none: {worst:e}");
+        assert!(worst < 1e-4, "{name}: {worst}");
+    }
+}
+
+/// A PPO-like loss of scores: log-probs, values and entropy, each weighted, on response
+/// positions.
+fn loss_of(s: &Scored) -> Tensor {
+    let m = &s.mask;
+    let lp = (&s.logprobs * m).unwrap().sum_all().unwrap();
+    let v = match &s.values {
+        Some(v) => ((v * m).unwrap().sqr().unwrap().sum_all().unwrap() * 0.5).unwrap(),
+        None => Tensor::new(0f32, &Device::Cpu).unwrap(),
+    };
+    let h = ((&s.entropy * m).unwrap().sum_all().unwrap() * 0.1).unwrap();
+    ((lp + v).unwrap() - h).unwrap()
+}
+
+#[test]
+fn activation_checkpointing_gives_the_plain_backwards_gradients() {
+    let pairs = vec![
+        (vec![1u32, 2, 3, 4, 5], vec![6u32, 7, 8]),
+        (vec![9, 10], vec![11, 12, 13, 14, 15, 16]),
+        (vec![17, 18, 19], vec![20]),
+    ];
+    // LoRA and a value head over a frozen base (every rotary layout), then every weight of a
+    // base trained (Qwen2's tied embedding: the gradient reaches it from both ends).
+    let mut cases: Vec<(&str, Agent)> = Vec::new();
+    for (name, json, targets) in [
+        ("llama", LLAMA, &["q_proj", "v_proj", "down_proj"][..]),
+        ("phi3", PHI3, &["qkv_proj", "o_proj", "gate_up_proj"][..]),
+        ("mistral", MISTRAL, &["k_proj", "up_proj"][..]),
+    ] {
+        let (vm, _) = random_base(json, 95);
+        let mut agent = Agent::new(Arc::new(frozen(json, &vm)));
+        let lora = Lora::new(&agent.base, lora_cfg(targets), 3).unwrap();
+        randomize_lora(&lora, 4);
+        agent.lora = Some(lora);
+        agent.value_head = Some(ValueHead::new(64, DType::F32, &Device::Cpu, 5).unwrap());
+        cases.push((name, agent));
+    }
+    let (vm, _) = random_base(QWEN2, 96);
+    let mut full = Agent::new(Arc::new(frozen(QWEN2, &vm)));
+    full.train_all_weights().unwrap();
+    cases.push(("qwen2, every weight", full));
+    for (name, agent) in &cases {
+        let vars = agent.named_trainable_vars();
+        let plain = score_at_temperature(agent, &pairs, Pass::Training, 2, 0.8).unwrap();
+        let grads = loss_of(&plain).backward().unwrap();
+        let (kept, checkpoint) = score_checkpointed(agent, &pairs, 2, 0.8).unwrap();
+        assert_eq!(
+            max_diff(&plain.logprobs, &kept.logprobs),
+            0.0,
+            "{name}: same forward"
+        );
+        let top = loss_of(&kept).backward().unwrap();
+        let some_missing = vars.iter().any(|(_, v)| top.get(v.as_tensor()).is_none());
+        assert!(
+            some_missing,
+            "{name}: the loss's own backward stops at the last layer"
+        );
+        let all: Vec<_> = vars.iter().map(|(_, v)| v.clone()).collect();
+        let completed = checkpoint.backward(top, &all).unwrap();
+        let mut worst = 0f32;
+        for (n, v) in &vars {
+            let want = grads
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: {n}"));
+            let got = completed
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient for {n}"));
+            let scale = want
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            worst = worst.max(max_diff(want, got) / scale.max(1e-3));
+        }
+        eprintln!("{name}: checkpointed gradients within {worst:e} (relative)");
         assert!(worst < 1e-4, "{name}: {worst}");
     }
 }

@@ -29,6 +29,10 @@ pub struct PpoConfig {
     pub kl_estimator: KlEstimator,
     /// Positions per lm_head chunk when scoring.
     pub chunk: usize,
+    /// Activation checkpointing in the update: each micro-batch's forward keeps only every
+    /// layer's input, and the backward runs the layers again one at a time (less memory
+    /// for long sequences, about one more forward pass of time).
+    pub activation_checkpointing: bool,
 }
 
 impl Default for PpoConfig {
@@ -49,6 +53,7 @@ impl Default for PpoConfig {
             weight_decay: 0.0,
             kl_estimator: KlEstimator::K1,
             chunk: 64,
+            activation_checkpointing: false,
         }
     }
 }

@@ -11,6 +11,7 @@ use super::fused;
 use anyhow::{anyhow, Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
+use std::sync::Arc;
 
 /// A linear layer a LoRA adapter can attach to, by its PEFT module name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -223,6 +224,80 @@ pub struct Base {
     dtype: DType,
     device: Device,
     kernels: Kernels,
+}
+
+/// What every layer of one forward pass shares: the attention mask, the rotary tables for
+/// its positions, and the adapter.
+struct Around<'a> {
+    mask: Option<&'a Tensor>,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    lora: Option<&'a dyn Adapter>,
+}
+
+/// What [`Base::forward_checkpointed`] kept to carry a gradient through the layers later.
+pub struct Checkpoint {
+    base: Arc<Base>,
+    lora: Option<super::lora::Lora>,
+    ids: Tensor,
+    mask: Option<Tensor>,
+    cos: Tensor,
+    sin: Tensor,
+    /// Each layer's input, without a graph.
+    inputs: Vec<Tensor>,
+    /// The last layer's output, the leaf the loss's graph starts from.
+    top: Var,
+}
+
+impl Checkpoint {
+    /// Completes `grads` (the loss's backward, which stopped at the last layer's output)
+    /// with the gradients of every trainable tensor in `vars` below it: each layer runs
+    /// again from its kept input, from the last to the first, and the backward of
+    /// sum(output * gradient of the output) gives its weights' gradients and its input's,
+    /// the next layer down's output gradient. The first layer's input is embedded again with
+    /// its graph, so a trainable embedding gets its gradient too.
+    pub fn backward(
+        self,
+        mut grads: candle_core::backprop::GradStore,
+        vars: &[Var],
+    ) -> Result<candle_core::backprop::GradStore> {
+        let Some(mut g) = grads.remove(self.top.as_tensor()) else {
+            // The loss does not depend on the layers: nothing below gets a gradient.
+            return Ok(grads);
+        };
+        let around = Around {
+            mask: self.mask.as_ref(),
+            cos: &self.cos,
+            sin: &self.sin,
+            lora: self.lora.as_ref().map(|l| l as &dyn Adapter),
+        };
+        for li in (0..self.inputs.len()).rev() {
+            let leaf;
+            let x = if li == 0 {
+                self.base.embed(&self.ids)?
+            } else {
+                leaf = Var::from_tensor(&self.inputs[li])?;
+                leaf.as_tensor().clone()
+            };
+            let y = self.base.block(li, &x, None, &around, false)?;
+            let mut layer = (y * &g)?.sum_all()?.backward()?;
+            if li > 0 {
+                g = layer
+                    .remove(&x)
+                    .ok_or_else(|| anyhow::anyhow!("layer {li}: no gradient reached its input"))?;
+            }
+            for v in vars {
+                if let Some(d) = layer.remove(v.as_tensor()) {
+                    let sum = match grads.remove(v.as_tensor()) {
+                        Some(before) => (before + d)?,
+                        None => d,
+                    };
+                    grads.insert(v.as_tensor(), sum);
+                }
+            }
+        }
+        Ok(grads)
+    }
 }
 
 /// Per-layer keys and values of a batch being generated, in buffers of (batch, kv heads,
@@ -678,30 +753,17 @@ impl Base {
         let mask = self.mask(pads, t, offset)?;
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
-        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((
-            b,
-            t,
-            self.cfg.hidden_size,
-        ))?;
+        let mut x = self.embed(ids)?;
         let mut cache = cache;
-        for (li, layer) in self.layers.iter().enumerate() {
+        let around = Around {
+            mask: mask.as_ref(),
+            cos: &cos,
+            sin: &sin,
+            lora,
+        };
+        for li in 0..self.layers.len() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.kvs[li], offset));
-            let h = self.rms_norm(&x, &layer.ln1, inference)?;
-            let a = self.attention(
-                &h,
-                li,
-                layer,
-                kv,
-                mask.as_ref(),
-                &cos,
-                &sin,
-                lora,
-                inference,
-            )?;
-            x = (x + a)?;
-            let h = self.rms_norm(&x, &layer.ln2, inference)?;
-            let m = self.mlp(&h, li, layer, lora, !inference)?;
-            x = (x + m)?;
+            x = self.block(li, &x, kv, &around, inference)?;
             if inference {
                 // The inference path needs no gradient: without this, ops on trainable tensors
                 // (LoRA, fully fine-tuned weights) keep every layer's activations alive
@@ -714,6 +776,100 @@ impl Base {
         }
         let out = self.rms_norm(&x, &self.norm, inference)?;
         Ok(if inference { out.detach() } else { out })
+    }
+
+    /// Decoder layer `li` over `x` (batch, seq, hidden): attention and MLP with their
+    /// residuals.
+    fn block(
+        &self,
+        li: usize,
+        x: &Tensor,
+        kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
+        around: &Around<'_>,
+        inference: bool,
+    ) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let h = self.rms_norm(x, &layer.ln1, inference)?;
+        let a = self.attention(
+            &h,
+            li,
+            layer,
+            kv,
+            around.mask,
+            around.cos,
+            around.sin,
+            around.lora,
+            inference,
+        )?;
+        let x = (x + a)?;
+        let h = self.rms_norm(&x, &layer.ln2, inference)?;
+        let m = self.mlp(&h, li, layer, around.lora, !inference)?;
+        Ok((x + m)?)
+    }
+
+    /// [`forward`](Self::forward) on the differentiable path with activation checkpointing:
+    /// the layers run without a graph, each layer's input is kept, and the result's graph
+    /// starts at the last layer's output (a leaf). After the loss's backward,
+    /// [`Checkpoint::backward`] runs the layers again, one at a time from the last, each
+    /// with its graph, to carry the gradient down: memory for one layer's activations
+    /// instead of all of them, for one more forward pass.
+    pub(crate) fn forward_checkpointed(
+        self: &Arc<Self>,
+        ids: &Tensor,
+        pads: &[usize],
+        lora: Option<&super::lora::Lora>,
+    ) -> Result<(Tensor, Checkpoint)> {
+        let (b, t) = ids.dims2()?;
+        if pads.len() != b {
+            anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
+        }
+        if t > self.cfg.max_position_embeddings {
+            anyhow::bail!(
+                "sequence of {t} positions exceeds max_position_embeddings {}",
+                self.cfg.max_position_embeddings
+            );
+        }
+        let mask = self.mask(pads, t, 0)?;
+        let cos = self.cos.narrow(0, 0, t)?;
+        let sin = self.sin.narrow(0, 0, t)?;
+        let around = Around {
+            mask: mask.as_ref(),
+            cos: &cos,
+            sin: &sin,
+            lora: lora.map(|l| l as &dyn Adapter),
+        };
+        let mut x = self.embed(ids)?.detach();
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        for li in 0..self.layers.len() {
+            let y = self.block(li, &x, None, &around, false)?.detach();
+            inputs.push(x);
+            x = y;
+        }
+        let top = Var::from_tensor(&x)?;
+        let out = self.rms_norm(top.as_tensor(), &self.norm, false)?;
+        Ok((
+            out,
+            Checkpoint {
+                base: self.clone(),
+                lora: lora.cloned(),
+                ids: ids.clone(),
+                mask,
+                cos,
+                sin,
+                inputs,
+                top,
+            },
+        ))
+    }
+
+    /// The token embeddings of `ids` (batch, seq): (batch, seq, hidden).
+    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        Ok(self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((
+            b,
+            t,
+            self.cfg.hidden_size,
+        ))?)
     }
 
     /// lm_head over hidden states (..., hidden) -> (..., vocab), in f32.

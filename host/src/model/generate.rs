@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::agent::Agent;
-use super::decoder::{Adapter, KvCache, Pass, Target};
+use super::decoder::{Adapter, Checkpoint, KvCache, Pass, Target};
 use super::lora::Lora;
 use super::prefix::{speaker_key, PrefixCache};
 use anyhow::{bail, Result};
@@ -723,21 +723,61 @@ pub fn score_at_temperature(
     chunk: usize,
     temperature: f64,
 ) -> Result<Scored> {
+    let (ids, pads) = scoring_batch(agent, pairs, temperature)?;
+    let hidden = agent.forward(&ids, &pads, None, pass)?;
+    score_hidden(agent, pairs, &ids, &hidden, chunk, temperature)
+}
+
+/// [`score_at_temperature`] on the differentiable path ([`Pass::Training`]) with
+/// activation checkpointing: the same result, whose backward stops at the last decoder
+/// layer; [`Checkpoint::backward`] then recomputes the layers one at a time to finish it.
+/// For long sequences: one layer's activations are held at a time instead of every
+/// layer's, for about one more forward pass.
+pub fn score_checkpointed(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    chunk: usize,
+    temperature: f64,
+) -> Result<(Scored, Checkpoint)> {
+    let (ids, pads) = scoring_batch(agent, pairs, temperature)?;
+    let (hidden, checkpoint) = agent
+        .base
+        .forward_checkpointed(&ids, &pads, agent.lora.as_ref())?;
+    let scored = score_hidden(agent, pairs, &ids, &hidden, chunk, temperature)?;
+    Ok((scored, checkpoint))
+}
+
+/// The left-padded (prompt, response) sequences of a scoring batch and their padding.
+fn scoring_batch(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    temperature: f64,
+) -> Result<(Tensor, Vec<usize>)> {
     check_scoring(pairs, temperature)?;
-    let temperature = if temperature > 0.0 { temperature } else { 1.0 };
     if pairs.is_empty() {
         bail!("score: empty batch");
     }
-    let base = &agent.base;
-    let dev = base.device();
     let seqs: Vec<Vec<u32>> = pairs
         .iter()
         .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
         .collect();
-    let (ids, pads) = left_pad(&seqs, 0, dev)?;
+    left_pad(&seqs, 0, agent.base.device())
+}
+
+/// The scores of `pairs` from their sequences' final hidden states.
+fn score_hidden(
+    agent: &Agent,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    ids: &Tensor,
+    hidden: &Tensor,
+    chunk: usize,
+    temperature: f64,
+) -> Result<Scored> {
+    let temperature = if temperature > 0.0 { temperature } else { 1.0 };
+    let base = &agent.base;
+    let dev = base.device();
     let len = ids.dim(1)?;
     let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap();
-    let hidden = agent.forward(&ids, &pads, None, pass)?;
     // Hidden state at position j predicts token j + 1.
     let pred = hidden.narrow(1, len - 1 - r_max, r_max)?;
     let targets = ids.narrow(1, len - r_max, r_max)?;

@@ -22,12 +22,12 @@ mod rows;
 pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
-pub use decoder::{Base, Kernels, KvCache, Pass, Target};
+pub use decoder::{Base, Checkpoint, Kernels, KvCache, Pass, Target};
 #[doc(hidden)]
 pub use generate::{
     generate, generate_observed, generate_sharing, generate_together, generate_traced, score,
-    score_at_temperature, score_shared_prefixes, GenerateOptions, Generation, PolicyTrace,
-    PrefixScored, RngState, Sampler, SamplingParams, Scored, Speaker,
+    score_at_temperature, score_checkpointed, score_shared_prefixes, GenerateOptions, Generation,
+    PolicyTrace, PrefixScored, RngState, Sampler, SamplingParams, Scored, Speaker,
 };
 pub use hub::resolve_model;
 pub use load::{load, random, Loaded};

@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::config::{KlEstimator, PpoConfig};
 use crate::distributed::{Single, World};
-use crate::model::{score_at_temperature, score_shared_prefixes, Agent, PolicyTrace, PrefixScored};
+use crate::model::{
+    score_at_temperature, score_checkpointed, score_shared_prefixes, Agent, PolicyTrace,
+    PrefixScored,
+};
 use crate::optim::{gather_parts, AgentOptimizer, Part};
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
@@ -334,6 +337,8 @@ pub fn ppo_step_in(
     // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
     let shapes_to = bench_batches_path();
     let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
+    // What a checkpointed backward completes the gradients of.
+    let trainable = agent.trainable_vars();
     for epoch in 0..cfg.epochs {
         order.shuffle(&mut rng);
         for mb in order.chunks(samples.len().div_ceil(minibatches)) {
@@ -361,13 +366,19 @@ pub fn ppo_step_in(
                     .map(|&i| samples[i].response.len())
                     .max()
                     .unwrap_or(0);
-                let new = score_at_temperature(
-                    agent,
-                    &part_pairs,
-                    Pass::Training,
-                    cfg.chunk,
-                    temperature,
-                )?;
+                let (new, checkpoint) = if cfg.activation_checkpointing {
+                    let (s, c) = score_checkpointed(agent, &part_pairs, cfg.chunk, temperature)?;
+                    (s, Some(c))
+                } else {
+                    let s = score_at_temperature(
+                        agent,
+                        &part_pairs,
+                        Pass::Training,
+                        cfg.chunk,
+                        temperature,
+                    )?;
+                    (s, None)
+                };
                 let m = select(&mask, part, width, &dev)?;
                 let (pg, loss_stats) = policy_loss(
                     &new.logprobs,
@@ -398,7 +409,10 @@ pub fn ppo_step_in(
                     );
                 }
                 let started = Instant::now();
-                let grads = (loss * share)?.backward()?;
+                let mut grads = (loss * share)?.backward()?;
+                if let Some(c) = checkpoint {
+                    grads = c.backward(grads, &trainable)?;
+                }
                 let share = share as f32;
                 let part_stats = [
                     share * pg.to_scalar::<f32>()?,
