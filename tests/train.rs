@@ -92,22 +92,13 @@ fn tiny_model(dir: &Path) -> PathBuf {
 fn activation_checkpointing_makes_the_plain_updates() {
     // The same run with and without it: the same metrics and the same adapters, bit for bit
     // (the recomputed layers run the same ops on the same inputs).
-    fn strip(v: &mut serde_json::Value) {
-        if let Some(o) = v.as_object_mut() {
-            o.retain(|k, _| {
-                !k.ends_with("_seconds") && !k.ends_with("_per_second") && !k.ends_with("_mib")
-            });
-            o.values_mut().for_each(strip);
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let mut runs = Vec::new();
     for (name, on) in [("plain", "false"), ("kept", "true")] {
         let run = dir.path().join(name);
         let set = format!("train.ppo.activation_checkpointing={on}");
-        let mut lines = train(&run, &model, &["--set", &set]);
-        lines.iter_mut().for_each(strip);
+        let lines = without_timings(&train(&run, &model, &["--set", &set]));
         let adapter =
             std::fs::read(run.join("checkpoints/final/agent-0/adapter_model.safetensors"));
         runs.push((lines, adapter.unwrap()));

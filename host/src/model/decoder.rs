@@ -682,6 +682,22 @@ impl Base {
         Ok((KvCache { kvs, len }, pads))
     }
 
+    /// Batch row `row`'s keys and values in `cache` after its `pad` padding positions, at
+    /// positions counted from its first token: the inverse of
+    /// [`batch_cache`](Self::batch_cache)'s placing of a row.
+    pub(crate) fn unpadded_row(
+        &self,
+        cache: &KvCache,
+        row: usize,
+        pad: usize,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
+        cache
+            .row(row, pad)?
+            .into_iter()
+            .map(|(k, v)| Ok((self.shift_keys(&k, -(pad as isize))?, v)))
+            .collect()
+    }
+
     /// Keys (1, kv heads, n, head dim) computed at positions p.. as they would be at
     /// p + delta.. : each rotary pair turned by delta positions' angle (RoPE rotations
     /// compose; the dims past the rotary ones are untouched).
@@ -735,24 +751,12 @@ impl Base {
         pass: Pass,
     ) -> Result<Tensor> {
         let inference = pass == Pass::Inference;
-        let (b, t) = ids.dims2()?;
-        if pads.len() != b {
-            anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
-        }
         if cache.is_some() && !inference {
             anyhow::bail!("the KV cache is for the inference path; cached keys carry no gradient");
         }
         let offset = cache.as_ref().map_or(0, |c| c.len);
-        if offset + t > self.cfg.max_position_embeddings {
-            anyhow::bail!(
-                "sequence of {} positions exceeds max_position_embeddings {}",
-                offset + t,
-                self.cfg.max_position_embeddings
-            );
-        }
-        let mask = self.mask(pads, t, offset)?;
-        let cos = self.cos.narrow(0, offset, t)?;
-        let sin = self.sin.narrow(0, offset, t)?;
+        let (mask, cos, sin) = self.positions(ids, pads, offset)?;
+        let t = ids.dim(1)?;
         let mut x = self.embed(ids)?;
         let mut cache = cache;
         let around = Around {
@@ -819,19 +823,7 @@ impl Base {
         pads: &[usize],
         lora: Option<&super::lora::Lora>,
     ) -> Result<(Tensor, Checkpoint)> {
-        let (b, t) = ids.dims2()?;
-        if pads.len() != b {
-            anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
-        }
-        if t > self.cfg.max_position_embeddings {
-            anyhow::bail!(
-                "sequence of {t} positions exceeds max_position_embeddings {}",
-                self.cfg.max_position_embeddings
-            );
-        }
-        let mask = self.mask(pads, t, 0)?;
-        let cos = self.cos.narrow(0, 0, t)?;
-        let sin = self.sin.narrow(0, 0, t)?;
+        let (mask, cos, sin) = self.positions(ids, pads, 0)?;
         let around = Around {
             mask: mask.as_ref(),
             cos: &cos,
@@ -859,6 +851,34 @@ impl Base {
                 inputs,
                 top,
             },
+        ))
+    }
+
+    /// What every layer of a forward over `ids` (batch, seq) after `offset` cached
+    /// positions needs of the positions: the attention mask and the rotary tables. Refuses
+    /// a padding list of another length than the batch and a sequence past the model's
+    /// positions.
+    fn positions(
+        &self,
+        ids: &Tensor,
+        pads: &[usize],
+        offset: usize,
+    ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+        let (b, t) = ids.dims2()?;
+        if pads.len() != b {
+            anyhow::bail!("{} padding lengths for a batch of {b}", pads.len());
+        }
+        if offset + t > self.cfg.max_position_embeddings {
+            anyhow::bail!(
+                "sequence of {} positions exceeds max_position_embeddings {}",
+                offset + t,
+                self.cfg.max_position_embeddings
+            );
+        }
+        Ok((
+            self.mask(pads, t, offset)?,
+            self.cos.narrow(0, offset, t)?,
+            self.sin.narrow(0, offset, t)?,
         ))
     }
 

@@ -513,12 +513,7 @@ fn decode(
                     let mut tokens = speakers[k].prompts[i].clone();
                     // The last token is not in the cache: no forward has read it yet.
                     tokens.extend_from_slice(&generated[..generated.len() - 1]);
-                    let kv = cache
-                        .row(j, pads[j])?
-                        .into_iter()
-                        .map(|(k, v)| Ok((base.shift_keys(&k, -(pads[j] as isize))?, v)))
-                        .collect::<Result<Vec<_>>>()?;
-                    prefixes.insert(key, tokens, kv)?;
+                    prefixes.insert(key, tokens, base.unpadded_row(&cache, j, pads[j])?)?;
                 }
             }
         }
