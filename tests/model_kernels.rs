@@ -1,6 +1,6 @@
 //! The CPU training kernels give the same outputs and gradients as candle's elementary ops:
 //! the frozen-weight matmul (backward without a weight gradient for frozen linears and the
-//! lm_head) and the fused ops (RMS norm, rope, masked softmax, SiLU gating, token
+//! lm_head) and the fused ops (RMS norm, rope, attention, SiLU gating, token
 //! log-probs and entropies), for LoRA + value head and for full fine-tuning. One test, as the
 //! switches are process-wide.
 

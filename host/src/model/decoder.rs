@@ -189,8 +189,9 @@ pub struct Kernels {
     /// The matmul whose backward skips a frozen weight's gradient (and the small-batch
     /// product for decoding).
     pub frozen_matmul: bool,
-    /// The ops with their own backward on the training path: RMS norm, rope, masked
-    /// softmax, SiLU gating, token log-probs.
+    /// The ops with their own backward on the training path: RMS norm, rope, attention,
+    /// SiLU gating, token log-probs; and attention without a graph in place (prefill and
+    /// scoring).
     pub fused_ops: bool,
 }
 
@@ -1044,23 +1045,30 @@ impl Base {
         // a KV head are adjacent, so (b, nh, t, hd) reshapes for free to (b, nkv, n_rep * t, hd)
         // and multiplies that head's keys and values once.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, hd))?;
-        let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
-        let p = if !inference && fused::applies(self.kernels.fused_ops, &[&scores]) {
-            fused::masked_softmax(&scores, scale, mask)?
+        let y = if fused::applies(self.kernels.fused_ops, &[&q, &k, &v]) {
+            // The scores are turned into weights in place; on the training path the whole
+            // product is one node of the graph.
+            if inference {
+                fused::attention_inference(&q, &k, &v, t, scale, mask)?
+            } else {
+                fused::attention(&q, &k, &v, t, scale, mask)?
+            }
         } else {
+            let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
             let mut att = (scores * scale)?;
             if let Some(m) = mask {
                 att = att.broadcast_add(m)?;
             }
             let att32 = att.to_dtype(DType::F32)?;
-            if inference {
+            let p = if inference {
                 candle_nn::ops::softmax_last_dim(&att32)?
             } else {
                 candle_nn::ops::softmax(&att32, D::Minus1)?
-            }
+            };
+            let p = p.to_dtype(q.dtype())?.reshape((b, nkv, n_rep * t, s))?;
+            p.matmul(&v)?
         };
-        let p = p.to_dtype(q.dtype())?.reshape((b, nkv, n_rep * t, s))?;
-        let y = p.matmul(&v)?.reshape((b, nh, t, hd))?;
+        let y = y.reshape((b, nh, t, hd))?;
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
         layer.o.fwd(
             &y,

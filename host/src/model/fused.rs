@@ -2,7 +2,7 @@
 //!
 //! candle keeps every intermediate of the autograd graph alive until the loss is dropped, and
 //! its backward adds each gradient into a fresh zero tensor. Built from elementary ops, an RMS
-//! norm, rotary embeddings, a masked softmax, SiLU-gating and the log-softmax over a vocabulary
+//! norm, rotary embeddings, attention, SiLU-gating and the log-softmax over a vocabulary
 //! each leave several activation-sized tensors behind and cost as many passes again in
 //! backward. Each op here produces one tensor and computes its gradient in one or two passes:
 //! a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the memory (BENCHMARKS.md).
@@ -13,6 +13,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
 };
+use rayon::prelude::*;
 /// Whether the fused ops can take these tensors: CPU, f32, and `enabled` (the base's
 /// [`Kernels::fused_ops`](super::Kernels)).
 pub(crate) fn applies(enabled: bool, ts: &[&Tensor]) -> bool {
@@ -38,6 +39,9 @@ fn tensor_f32s<'a>(s: &'a candle_core::Storage, l: &Layout, op: &str) -> Result<
         _ => bail!("{op}: expected a CPU tensor"),
     }
 }
+
+/// The fewest elements an elementwise op hands to one rayon task.
+const ELEMENTS_PER_TASK: usize = 1 << 14;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -66,13 +70,15 @@ impl CustomOp2 for RmsNorm {
         let ws = f32s(w, wl, "rms-norm weight")?;
         let h = ws.len();
         let mut y = vec![0f32; xs.len()];
-        for (xr, yr) in xs.chunks_exact(h).zip(y.chunks_exact_mut(h)) {
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
-            let r = 1.0 / (ms + self.eps).sqrt();
-            for ((y, x), w) in yr.iter_mut().zip(xr).zip(ws) {
-                *y = x * r * w;
-            }
-        }
+        y.par_chunks_exact_mut(h)
+            .zip(xs.par_chunks_exact(h))
+            .for_each(|(yr, xr)| {
+                let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                let r = 1.0 / (ms + self.eps).sqrt();
+                for ((y, x), w) in yr.iter_mut().zip(xr).zip(ws) {
+                    *y = x * r * w;
+                }
+            });
         Ok((CpuStorage::F32(y), xl.shape().clone()))
     }
 
@@ -127,19 +133,17 @@ impl CustomOp3 for RmsNormGrad {
         let gs = f32s(g, gl, "rms-norm grad")?;
         let h = ws.len();
         let mut out = vec![0f32; xs.len()];
-        for ((xr, gr), or) in xs
-            .chunks_exact(h)
-            .zip(gs.chunks_exact(h))
-            .zip(out.chunks_exact_mut(h))
-        {
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
-            let r = 1.0 / (ms + self.eps).sqrt();
-            let dot: f32 = xr.iter().zip(gr).zip(ws).map(|((x, g), w)| x * g * w).sum();
-            let c = r * r * r * dot / h as f32;
-            for (((o, x), g), w) in or.iter_mut().zip(xr).zip(gr).zip(ws) {
-                *o = r * g * w - c * x;
-            }
-        }
+        out.par_chunks_exact_mut(h)
+            .zip(xs.par_chunks_exact(h).zip(gs.par_chunks_exact(h)))
+            .for_each(|(or, (xr, gr))| {
+                let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                let r = 1.0 / (ms + self.eps).sqrt();
+                let dot: f32 = xr.iter().zip(gr).zip(ws).map(|((x, g), w)| x * g * w).sum();
+                let c = r * r * r * dot / h as f32;
+                for (((o, x), g), w) in or.iter_mut().zip(xr).zip(gr).zip(ws) {
+                    *o = r * g * w - c * x;
+                }
+            });
         Ok((CpuStorage::F32(out), xl.shape().clone()))
     }
 }
@@ -176,17 +180,20 @@ impl CustomOp1 for Rope {
             bail!("rope: cos/sin do not cover {t} positions of {half} frequencies");
         }
         let mut y = vec![0f32; xs.len()];
-        for (k, (xr, yr)) in xs.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
-            let i = k % t;
-            let (c, s) = (&cos[i * half..][..half], &sin[i * half..][..half]);
-            let (x1, x2) = xr.split_at(half);
-            let (y1, y2) = yr.split_at_mut(half);
-            for j in 0..half {
-                let sn = self.sign * s[j];
-                y1[j] = x1[j] * c[j] - x2[j] * sn;
-                y2[j] = x2[j] * c[j] + x1[j] * sn;
-            }
-        }
+        y.par_chunks_exact_mut(d)
+            .zip(xs.par_chunks_exact(d))
+            .enumerate()
+            .for_each(|(k, (yr, xr))| {
+                let i = k % t;
+                let (c, s) = (&cos[i * half..][..half], &sin[i * half..][..half]);
+                let (x1, x2) = xr.split_at(half);
+                let (y1, y2) = yr.split_at_mut(half);
+                for j in 0..half {
+                    let sn = self.sign * s[j];
+                    y1[j] = x1[j] * c[j] - x2[j] * sn;
+                    y2[j] = x2[j] * c[j] + x1[j] * sn;
+                }
+            });
         Ok((CpuStorage::F32(y), xl.shape().clone()))
     }
 
@@ -211,69 +218,242 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Attention weights: softmax(scores · scale + mask) over the last dimension.
+// Attention: softmax(q kᵀ · scale + mask) v, one differentiable op.
 
-struct MaskedSoftmax {
-    scale: f32,
-    /// (batch, 1, t, s), additive, or None.
-    mask: Option<Tensor>,
+/// How a row of attention weights is summed and normalised: each way is the one of the path
+/// it replaced, bit for bit, so that a seed gives the same transcripts and checkpoints as
+/// before. `Training`: a sequential sum and a multiplication by its inverse (the old
+/// masked-softmax op). `Inference`: candle's `softmax_last_dim` (its vectorised sum, then a
+/// division), after candle's affine and broadcast add.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rounding {
+    Training,
+    Inference,
 }
 
-impl CustomOp1 for MaskedSoftmax {
+/// exp(d) for d = x − max ≤ 0. Below −104 the exact value is under half the smallest f32
+/// subnormal, so it rounds to 0: masked positions (−1e9) skip libm's slow underflow path.
+fn exp_shifted(d: f32) -> f32 {
+    if d < -104.0 {
+        0.0
+    } else {
+        d.exp()
+    }
+}
+
+/// Turns scores (batch, heads, t, s) in place into softmax(scores · scale + mask) over the
+/// last dimension. Any layout whose rows run (batch, …, t) works, such as grouped-query
+/// attention's (batch, kv heads, n_rep · t, s); the mask (batch, 1, t, s) is additive.
+struct AttentionWeights<'a> {
+    scale: f32,
+    t: usize,
+    mask: Option<&'a Tensor>,
+    rounding: Rounding,
+}
+
+impl candle_core::InplaceOp1 for AttentionWeights<'_> {
     fn name(&self) -> &'static str {
-        "masked-softmax"
+        "attention-weights"
     }
 
-    fn cpu_fwd(&self, a: &CpuStorage, al: &Layout) -> Result<(CpuStorage, Shape)> {
-        let xs = f32s(a, al, "masked-softmax")?;
-        let (b, h, t, s) = al.shape().dims4()?;
-        let guard = self.mask.as_ref().map(|m| m.storage_and_layout());
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+        use candle_core::cpu::kernels::VecOps;
+        let CpuStorage::F32(v) = storage else {
+            bail!("attention weights: expected f32, got {:?}", storage.dtype())
+        };
+        let Some((o1, o2)) = layout.contiguous_offsets() else {
+            bail!("attention weights: expected contiguous scores")
+        };
+        let xs = &mut v[o1..o2];
+        let dims = layout.dims();
+        let (b, s, t) = (dims[0], dims[dims.len() - 1], self.t);
+        if dims.len() < 3 || b == 0 || s == 0 || t == 0 || !dims[dims.len() - 2].is_multiple_of(t) {
+            bail!("attention weights: scores {dims:?} are not (batch, .., {t}, s) rows");
+        }
+        let per_batch = xs.len() / (b * s);
+        let guard = self.mask.map(|m| m.storage_and_layout());
         let mask = match &guard {
             Some((ms, ml)) => {
-                let m = tensor_f32s(ms, ml, "masked-softmax mask")?;
+                let m = tensor_f32s(ms, ml, "attention mask")?;
                 if m.len() != b * t * s {
-                    bail!("masked-softmax: the mask does not cover ({b}, 1, {t}, {s})");
+                    bail!("attention weights: the mask does not cover ({b}, 1, {t}, {s})");
                 }
                 Some(m)
             }
             None => None,
         };
-        let mut y = vec![0f32; xs.len()];
-        for (k, (xr, yr)) in xs.chunks_exact(s).zip(y.chunks_exact_mut(s)).enumerate() {
-            let (bi, i) = (k / (h * t), k % t);
-            match mask {
-                Some(m) => {
-                    let mr = &m[(bi * t + i) * s..][..s];
-                    for ((y, x), m) in yr.iter_mut().zip(xr).zip(mr) {
-                        *y = x * self.scale + m;
+        let (scale, rounding) = (self.scale, self.rounding);
+        xs.par_chunks_mut(s).enumerate().for_each(|(k, row)| {
+            let mr = mask.map(|m| &m[(k / per_batch * t + k % t) * s..][..s]);
+            match rounding {
+                Rounding::Training => {
+                    match mr {
+                        Some(mr) => row
+                            .iter_mut()
+                            .zip(mr)
+                            .for_each(|(y, m)| *y = *y * scale + m),
+                        None => row.iter_mut().for_each(|y| *y *= scale),
                     }
-                }
-                None => {
-                    for (y, x) in yr.iter_mut().zip(xr) {
-                        *y = x * self.scale;
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for y in row.iter_mut() {
+                        *y = exp_shifted(*y - max);
+                        sum += *y;
                     }
+                    let inv = 1.0 / sum;
+                    row.iter_mut().for_each(|y| *y *= inv);
+                }
+                Rounding::Inference => {
+                    match mr {
+                        Some(mr) => row
+                            .iter_mut()
+                            .zip(mr)
+                            .for_each(|(y, m)| *y = (*y * scale + 0.0) + m),
+                        None => row.iter_mut().for_each(|y| *y = *y * scale + 0.0),
+                    }
+                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    // SAFETY: `row` holds s > 0 elements.
+                    unsafe { f32::vec_reduce_max(row.as_ptr(), &mut max, s) };
+                    row.iter_mut().for_each(|y| *y = exp_shifted(*y - max));
+                    // SAFETY: as above.
+                    unsafe { f32::vec_reduce_sum(row.as_ptr(), &mut sum, s) };
+                    row.iter_mut().for_each(|y| *y /= sum);
                 }
             }
-            let max = yr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for y in yr.iter_mut() {
-                *y = (*y - max).exp();
-                sum += *y;
-            }
-            let inv = 1.0 / sum;
-            for y in yr.iter_mut() {
-                *y *= inv;
-            }
-        }
-        Ok((CpuStorage::F32(y), al.shape().clone()))
+        });
+        Ok(())
+    }
+}
+
+/// The attention weights of q (b, g, r · t, d) against k (b, g, s, d), without a graph.
+fn attention_weights(
+    q: &Tensor,
+    k: &Tensor,
+    t: usize,
+    scale: f64,
+    mask: Option<&Tensor>,
+    rounding: Rounding,
+) -> Result<Tensor> {
+    let p = q.detach().matmul(&k.detach().t()?)?;
+    let mask = mask.map(|m| m.contiguous()).transpose()?;
+    p.inplace_op1(&AttentionWeights {
+        scale: scale as f32,
+        t,
+        mask: mask.as_ref(),
+        rounding,
+    })?;
+    Ok(p)
+}
+
+/// The whole attention product as one node of the graph: its forward keeps the attention
+/// weights (the only activation-sized tensor, where the elementary ops kept the scores, the
+/// weights and their reshapes) and its backward returns q's, k's and v's gradients directly,
+/// where candle's backward would add each (batch, heads, t, s) gradient into a fresh zero
+/// tensor, four times a layer.
+struct Attention {
+    /// The attention weights, (b, g, r · t, s).
+    p: Tensor,
+    /// The result, handed to the graph (and dropped) by `cpu_fwd`.
+    y: std::sync::Mutex<Option<Tensor>>,
+    scale: f32,
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "attention"
     }
 
-    fn bwd(&self, _a: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(y.apply_op2_no_bwd(
-            &g.contiguous()?,
-            &SoftmaxGrad { scale: self.scale },
-        )?))
+    fn cpu_fwd(
+        &self,
+        _q: &CpuStorage,
+        _ql: &Layout,
+        _k: &CpuStorage,
+        _kl: &Layout,
+        _v: &CpuStorage,
+        _vl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let Some(y) = self
+            .y
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("attention: poisoned".into()))?
+            .take()
+        else {
+            bail!("attention: the op ran twice")
+        };
+        let (s, l) = y.storage_and_layout();
+        let ys = tensor_f32s(&s, l, "attention")?;
+        Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
     }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The products of candle's matmul backward, in its operand order, so that the
+        // gradients are the elementary ops' bit for bit.
+        let g = g.contiguous()?;
+        let grad_v = match v.track_op() {
+            true => Some(self.p.t()?.matmul(&g)?),
+            false => None,
+        };
+        if !q.track_op() && !k.track_op() {
+            return Ok((None, None, grad_v));
+        }
+        let dp = g.matmul(&v.detach().t()?)?;
+        let ds = self
+            .p
+            .apply_op2_no_bwd(&dp, &SoftmaxGrad { scale: self.scale })?;
+        let grad_q = match q.track_op() {
+            true => Some(ds.matmul(&k.detach())?),
+            false => None,
+        };
+        let grad_k = match k.track_op() {
+            true => Some(q.detach().t()?.matmul(&ds)?.t()?),
+            false => None,
+        };
+        Ok((grad_q, grad_k, grad_v))
+    }
+}
+
+/// softmax(q kᵀ · scale + mask) v for grouped-query attention: q (batch, kv heads, n_rep · t,
+/// head dim), k and v (batch, kv heads, s, head dim), the additive mask (batch, 1, t, s)
+/// carrying no gradient. Differentiable in q, k and v.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    t: usize,
+    scale: f64,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let p = attention_weights(&q, &k, t, scale, mask, Rounding::Training)?;
+    let y = p.matmul(&v.detach())?;
+    q.apply_op3(
+        &k,
+        &v,
+        Attention {
+            p,
+            y: std::sync::Mutex::new(Some(y)),
+            scale: scale as f32,
+        },
+    )
+}
+
+/// The same product without a graph (prefill and scoring), with candle's rounding.
+pub(crate) fn attention_inference(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    t: usize,
+    scale: f64,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    attention_weights(q, k, t, scale, mask, Rounding::Inference)?.matmul(v)
 }
 
 /// dL/dscores of the scaled softmax: scale · y (g − Σ g y) per row.
@@ -297,27 +477,16 @@ impl CustomOp2 for SoftmaxGrad {
         let gs = f32s(g, gl, "softmax grad")?;
         let s = yl.dims()[yl.dims().len() - 1];
         let mut out = vec![0f32; ys.len()];
-        for ((yr, gr), or) in ys
-            .chunks_exact(s)
-            .zip(gs.chunks_exact(s))
-            .zip(out.chunks_exact_mut(s))
-        {
-            let dot: f32 = yr.iter().zip(gr).map(|(y, g)| y * g).sum();
-            for ((o, y), g) in or.iter_mut().zip(yr).zip(gr) {
-                *o = self.scale * y * (g - dot);
-            }
-        }
+        out.par_chunks_exact_mut(s)
+            .zip(ys.par_chunks_exact(s).zip(gs.par_chunks_exact(s)))
+            .for_each(|(or, (yr, gr))| {
+                let dot: f32 = yr.iter().zip(gr).map(|(y, g)| y * g).sum();
+                for ((o, y), g) in or.iter_mut().zip(yr).zip(gr) {
+                    *o = self.scale * y * (g - dot);
+                }
+            });
         Ok((CpuStorage::F32(out), yl.shape().clone()))
     }
-}
-
-/// softmax(scores · scale + mask) over the last dimension of scores (batch, heads, t, s);
-/// the mask (batch, 1, t, s) is additive and carries no gradient.
-pub(crate) fn masked_softmax(scores: &Tensor, scale: f64, mask: Option<&Tensor>) -> Result<Tensor> {
-    scores.contiguous()?.apply_op1(MaskedSoftmax {
-        scale: scale as f32,
-        mask: mask.map(|m| m.contiguous()).transpose()?,
-    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -340,8 +509,9 @@ impl CustomOp2 for SiluMul {
         let gs = f32s(g, gl, "silu-mul")?;
         let us = f32s(u, ul, "silu-mul")?;
         let y = gs
-            .iter()
+            .par_iter()
             .zip(us)
+            .with_min_len(ELEMENTS_PER_TASK)
             .map(|(g, u)| g * sigmoid(*g) * u)
             .collect();
         Ok((CpuStorage::F32(y), gl.shape().clone()))
@@ -392,17 +562,19 @@ impl CustomOp3 for SiluMulGrad {
         let us = f32s(u, ul, "silu-mul grad")?;
         let ds = f32s(dy, dl, "silu-mul grad")?;
         let out = if self.wrt_gate {
-            gs.iter()
+            gs.par_iter()
                 .zip(us)
                 .zip(ds)
+                .with_min_len(ELEMENTS_PER_TASK)
                 .map(|((g, u), d)| {
                     let s = sigmoid(*g);
                     d * u * s * (1.0 + g * (1.0 - s))
                 })
                 .collect()
         } else {
-            gs.iter()
+            gs.par_iter()
                 .zip(ds)
+                .with_min_len(ELEMENTS_PER_TASK)
                 .map(|(g, d)| d * g * sigmoid(*g))
                 .collect()
         };
@@ -448,15 +620,17 @@ impl CustomOp1 for TokenLogprobs {
                 self.targets.len()
             );
         }
-        let mut out = Vec::with_capacity(2 * m);
-        for (zr, &t) in zs.chunks_exact(v).zip(&self.targets) {
-            let Some(&zt) = zr.get(t as usize) else {
-                bail!("token-logprobs: token {t} is outside the vocabulary of {v}")
-            };
-            let (lse, mean) = lse_and_mean(zr);
-            out.push(zt - lse);
-            out.push(lse - mean);
+        if let Some(t) = self.targets.iter().find(|&&t| t as usize >= v) {
+            bail!("token-logprobs: token {t} is outside the vocabulary of {v}")
         }
+        let mut out = vec![0f32; 2 * m];
+        out.par_chunks_exact_mut(2)
+            .zip(zs.par_chunks_exact(v).zip(&self.targets))
+            .for_each(|(o, (zr, &t))| {
+                let (lse, mean) = lse_and_mean(zr);
+                o[0] = zr[t as usize] - lse;
+                o[1] = lse - mean;
+            });
         Ok((CpuStorage::F32(out), Shape::from((m, 2))))
     }
 
@@ -489,20 +663,18 @@ impl CustomOp2 for TokenLogprobsGrad {
         let gs = f32s(g, gl, "token-logprobs grad")?;
         let (_, v) = zl.shape().dims2()?;
         let mut out = vec![0f32; zs.len()];
-        for (((zr, gr), or), &t) in zs
-            .chunks_exact(v)
-            .zip(gs.chunks_exact(2))
-            .zip(out.chunks_exact_mut(v))
+        out.par_chunks_exact_mut(v)
+            .zip(zs.par_chunks_exact(v).zip(gs.par_chunks_exact(2)))
             .zip(&self.targets)
-        {
-            let (lse, mean) = lse_and_mean(zr);
-            let (g_lp, g_h) = (gr[0], gr[1]);
-            for (o, z) in or.iter_mut().zip(zr) {
-                let p = (z - lse).exp();
-                *o = -g_lp * p - g_h * p * (z - mean);
-            }
-            or[t as usize] += g_lp;
-        }
+            .for_each(|((or, (zr, gr)), &t)| {
+                let (lse, mean) = lse_and_mean(zr);
+                let (g_lp, g_h) = (gr[0], gr[1]);
+                for (o, z) in or.iter_mut().zip(zr) {
+                    let p = (z - lse).exp();
+                    *o = -g_lp * p - g_h * p * (z - mean);
+                }
+                or[t as usize] += g_lp;
+            });
         Ok((CpuStorage::F32(out), zl.shape().clone()))
     }
 }
@@ -511,4 +683,162 @@ impl CustomOp2 for TokenLogprobsGrad {
 /// log-prob of its target and the entropy of its distribution, differentiable in the logits.
 pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> Result<Tensor> {
     logits.contiguous()?.apply_op1(TokenLogprobs { targets })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use rand::{Rng, SeedableRng};
+
+    fn random(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// A decoder's mask: causal after `offset` cached positions, left padding `pads`; the
+    /// first rows of a padded sequence are masked whole.
+    fn mask(pads: &[usize], t: usize, offset: usize) -> Tensor {
+        let s = offset + t;
+        let mut m = Vec::new();
+        for &pad in pads {
+            for i in 0..t {
+                for j in 0..s {
+                    m.push(if j > offset + i || j < pad {
+                        -1e9f32
+                    } else {
+                        0.0
+                    });
+                }
+            }
+        }
+        Tensor::from_vec(m, (pads.len(), 1, t, s), &Device::Cpu).unwrap()
+    }
+
+    /// The elementary ops the fused attention replaced, on grouped-query shapes.
+    fn elementary(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        t: usize,
+        scale: f64,
+        m: Option<&Tensor>,
+        inference: bool,
+    ) -> Tensor {
+        let (b, g, rt, d) = q.dims4().unwrap();
+        let s = k.dim(2).unwrap();
+        let nh = g * rt / t;
+        let scores = q
+            .matmul(&k.t().unwrap())
+            .unwrap()
+            .reshape((b, nh, t, s))
+            .unwrap();
+        let mut att = (scores * scale).unwrap();
+        if let Some(m) = m {
+            att = att.broadcast_add(m).unwrap();
+        }
+        let p = if inference {
+            candle_nn::ops::softmax_last_dim(&att).unwrap()
+        } else {
+            candle_nn::ops::softmax(&att, D::Minus1).unwrap()
+        };
+        let y = p.reshape((b, g, rt, s)).unwrap().matmul(v).unwrap();
+        assert_eq!(y.dims(), &[b, g, rt, d]);
+        y
+    }
+
+    fn flat(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    }
+
+    /// (batch, kv heads, n_rep, t, cached positions, padding): grouped and plain heads, a
+    /// prefix in the cache, padded rows, no mask.
+    type Case = (usize, usize, usize, usize, usize, Option<[usize; 2]>);
+    const CASES: [Case; 4] = [
+        (2, 2, 2, 5, 0, Some([0, 2])),
+        (2, 1, 3, 4, 3, Some([1, 0])),
+        (2, 3, 1, 6, 0, Some([5, 0])),
+        (2, 2, 2, 3, 0, None),
+    ];
+
+    #[test]
+    fn attention_without_a_graph_is_candles_bit_for_bit() {
+        for (i, &(b, g, r, t, offset, pads)) in CASES.iter().enumerate() {
+            let d = 4;
+            let q = random(&[b, g, r * t, d], 10 + i as u64);
+            let k = random(&[b, g, offset + t, d], 20 + i as u64);
+            let v = random(&[b, g, offset + t, d], 30 + i as u64);
+            let m = pads.map(|p| mask(&p, t, offset));
+            let want = flat(&elementary(&q, &k, &v, t, 0.5, m.as_ref(), true));
+            let got = flat(&attention_inference(&q, &k, &v, t, 0.5, m.as_ref()).unwrap());
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn attention_gives_the_elementary_ops_outputs_and_gradients() {
+        for (i, &(b, g, r, t, offset, pads)) in CASES.iter().enumerate() {
+            let d = 4;
+            let q = Var::from_tensor(&random(&[b, g, r * t, d], 10 + i as u64)).unwrap();
+            let k = Var::from_tensor(&random(&[b, g, offset + t, d], 20 + i as u64)).unwrap();
+            let v = Var::from_tensor(&random(&[b, g, offset + t, d], 30 + i as u64)).unwrap();
+            let w = random(&[b, g, r * t, d], 40 + i as u64);
+            let m = pads.map(|p| mask(&p, t, offset));
+            let run = |fused: bool| {
+                let (qt, kt, vt) = (q.as_tensor(), k.as_tensor(), v.as_tensor());
+                let y = match fused {
+                    true => attention(qt, kt, vt, t, 0.5, m.as_ref()).unwrap(),
+                    false => elementary(qt, kt, vt, t, 0.5, m.as_ref(), false),
+                };
+                let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                let mut out = vec![flat(&y)];
+                out.extend([qt, kt, vt].map(|x| flat(grads.get(x).unwrap())));
+                out
+            };
+            let (fused, plain) = (run(true), run(false));
+            for (name, (a, e)) in ["output", "dq", "dk", "dv"]
+                .iter()
+                .zip(fused.iter().zip(&plain))
+            {
+                assert!(e.iter().any(|x| *x != 0.0), "case {i}, {name}: all zero");
+                let diff = max_diff(a, e);
+                assert!(diff < 1e-5, "case {i}, {name}: differs by {diff}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_returns_gradients_only_for_what_is_tracked() {
+        let (b, g, r, t) = (1, 2, 2, 3);
+        let q = Var::from_tensor(&random(&[b, g, r * t, 4], 1)).unwrap();
+        // k and v as from a frozen projection of a frozen input: plain tensors.
+        let k = random(&[b, g, t, 4], 2);
+        let v = random(&[b, g, t, 4], 3);
+        let y = attention(q.as_tensor(), &k, &v, t, 0.5, Some(&mask(&[0], t, 0))).unwrap();
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        assert!(grads.get(q.as_tensor()).is_some());
+        assert!(grads.get(&k).is_none() && grads.get(&v).is_none());
+    }
+
+    #[test]
+    fn attention_weights_refuse_scores_and_masks_that_do_not_fit() {
+        let q = random(&[2, 2, 6, 4], 1);
+        let k = random(&[2, 2, 3, 4], 2);
+        let v = random(&[2, 2, 3, 4], 3);
+        // t = 4 does not divide the 6 query rows of a head group.
+        let e = attention(&q, &k, &v, 4, 0.5, None).unwrap_err().to_string();
+        assert!(e.contains("are not (batch, .., 4, s) rows"), "{e}");
+        // A mask for another batch size.
+        let e = attention(&q, &k, &v, 3, 0.5, Some(&mask(&[0], 3, 0)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the mask does not cover (2, 1, 3, 3)"), "{e}");
+    }
 }
