@@ -6,6 +6,9 @@
 //! each leave several activation-sized tensors behind and cost as many passes again in
 //! backward. Each op here produces one tensor and computes its gradient in one or two passes:
 //! a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the memory (BENCHMARKS.md).
+//! Attention also has a path without a graph (prefill and scoring), in place and with
+//! candle's own rounding. Rows are split over the rayon pool, each row computed by one thread
+//! in a fixed order, so results do not depend on the number of threads.
 //! Other devices and dtypes take the elementary ops ([`applies`] decides);
 //! `tests/model_kernels.rs` checks every op and its gradients against them.
 
