@@ -229,7 +229,7 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// masked-softmax op). `Inference`: candle's `softmax_last_dim` (its vectorised sum, then a
 /// division), after candle's affine and broadcast add.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Rounding {
+enum Rounding {
     Training,
     Inference,
 }
