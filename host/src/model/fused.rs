@@ -268,11 +268,14 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
             bail!("attention weights: expected contiguous scores")
         };
         let xs = &mut v[o1..o2];
-        let dims = layout.dims();
-        let (b, s, t) = (dims[0], dims[dims.len() - 1], self.t);
-        if dims.len() < 3 || b == 0 || s == 0 || t == 0 || !dims[dims.len() - 2].is_multiple_of(t) {
+        let (dims, t) = (layout.dims(), self.t);
+        if xs.is_empty() {
+            return Ok(()); // no rows, as in an empty batch
+        }
+        if dims.len() < 3 || t == 0 || !dims[dims.len() - 2].is_multiple_of(t) {
             bail!("attention weights: scores {dims:?} are not (batch, .., {t}, s) rows");
         }
+        let (b, s) = (dims[0], dims[dims.len() - 1]);
         let per_batch = xs.len() / (b * s);
         let guard = self.mask.map(|m| m.storage_and_layout());
         let mask = match &guard {
