@@ -409,10 +409,8 @@ impl CustomOp3 for Attention {
         if !q.track_op() && !k.track_op() {
             return Ok((None, None, grad_v));
         }
-        let dp = g.matmul(&v.detach().t()?)?;
-        let ds = self
-            .p
-            .apply_op2_no_bwd(&dp, &SoftmaxGrad { scale: self.scale })?;
+        let ds = g.matmul(&v.detach().t()?)?;
+        ds.inplace_op2(&self.p, &SoftmaxGrad { scale: self.scale })?;
         let grad_q = match q.track_op() {
             true => Some(ds.matmul(&k.detach())?),
             false => None,
@@ -462,36 +460,43 @@ pub(crate) fn attention_inference(
     attention_weights(q, k, t, scale, mask, Rounding::Inference)?.matmul(v)
 }
 
-/// dL/dscores of the scaled softmax: scale · y (g − Σ g y) per row.
+/// dL/dscores of the scaled softmax, scale · y (g − Σ g y) per row, written over g (the
+/// gradient of the weights y, a buffer of the backward's own).
 struct SoftmaxGrad {
     scale: f32,
 }
 
-impl CustomOp2 for SoftmaxGrad {
+impl candle_core::InplaceOp2 for SoftmaxGrad {
     fn name(&self) -> &'static str {
         "softmax-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        y: &CpuStorage,
-        yl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, g: &mut CpuStorage, gl: &Layout, y: &CpuStorage, yl: &Layout) -> Result<()> {
         let ys = f32s(y, yl, "softmax grad")?;
-        let gs = f32s(g, gl, "softmax grad")?;
+        let CpuStorage::F32(gv) = g else {
+            bail!("softmax grad: expected f32, got {:?}", g.dtype())
+        };
+        let Some((o1, o2)) = gl.contiguous_offsets() else {
+            bail!("softmax grad: expected a contiguous gradient")
+        };
+        let gs = &mut gv[o1..o2];
         let s = yl.dims()[yl.dims().len() - 1];
-        let mut out = vec![0f32; ys.len()];
-        out.par_chunks_exact_mut(s)
-            .zip(ys.par_chunks_exact(s).zip(gs.par_chunks_exact(s)))
-            .for_each(|(or, (yr, gr))| {
-                let dot: f32 = yr.iter().zip(gr).map(|(y, g)| y * g).sum();
-                for ((o, y), g) in or.iter_mut().zip(yr).zip(gr) {
-                    *o = self.scale * y * (g - dot);
+        if gs.len() != ys.len() || s == 0 {
+            bail!(
+                "softmax grad: gradient {:?} for weights {:?}",
+                gl.dims(),
+                yl.dims()
+            );
+        }
+        gs.par_chunks_exact_mut(s)
+            .zip(ys.par_chunks_exact(s))
+            .for_each(|(gr, yr)| {
+                let dot: f32 = yr.iter().zip(gr.iter()).map(|(y, g)| y * g).sum();
+                for (g, y) in gr.iter_mut().zip(yr) {
+                    *g = self.scale * y * (*g - dot);
                 }
             });
-        Ok((CpuStorage::F32(out), yl.shape().clone()))
+        Ok(())
     }
 }
 
