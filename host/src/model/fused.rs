@@ -227,7 +227,8 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// it replaced, bit for bit, so that a seed gives the same transcripts and checkpoints as
 /// before. `Training`: a sequential sum and a multiplication by its inverse (the old
 /// masked-softmax op). `Inference`: candle's `softmax_last_dim` (its vectorised sum, then a
-/// division), after candle's affine and broadcast add.
+/// division). The scaling, masking, maximum and exponentials are the same for both (candle's
+/// affine adds a +0.0, which changes no exponential).
 #[derive(Clone, Copy, Debug)]
 enum Rounding {
     Training,
@@ -290,38 +291,25 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
         };
         let (scale, rounding) = (self.scale, self.rounding);
         xs.par_chunks_mut(s).enumerate().for_each(|(k, row)| {
-            let mr = mask.map(|m| &m[(k / per_batch * t + k % t) * s..][..s]);
+            match mask {
+                Some(m) => {
+                    let mr = &m[(k / per_batch * t + k % t) * s..][..s];
+                    row.iter_mut()
+                        .zip(mr)
+                        .for_each(|(y, m)| *y = *y * scale + m);
+                }
+                None => row.iter_mut().for_each(|y| *y *= scale),
+            }
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|y| *y = exp_shifted(*y - max));
             match rounding {
                 Rounding::Training => {
-                    match mr {
-                        Some(mr) => row
-                            .iter_mut()
-                            .zip(mr)
-                            .for_each(|(y, m)| *y = *y * scale + m),
-                        None => row.iter_mut().for_each(|y| *y *= scale),
-                    }
-                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for y in row.iter_mut() {
-                        *y = exp_shifted(*y - max);
-                        sum += *y;
-                    }
-                    let inv = 1.0 / sum;
+                    let inv = 1.0 / row.iter().fold(0f32, |sum, y| sum + y);
                     row.iter_mut().for_each(|y| *y *= inv);
                 }
                 Rounding::Inference => {
-                    match mr {
-                        Some(mr) => row
-                            .iter_mut()
-                            .zip(mr)
-                            .for_each(|(y, m)| *y = (*y * scale + 0.0) + m),
-                        None => row.iter_mut().for_each(|y| *y = *y * scale + 0.0),
-                    }
-                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    let mut sum = 0f32;
                     // SAFETY: `row` holds s > 0 elements.
-                    unsafe { f32::vec_reduce_max(row.as_ptr(), &mut max, s) };
-                    row.iter_mut().for_each(|y| *y = exp_shifted(*y - max));
-                    // SAFETY: as above.
                     unsafe { f32::vec_reduce_sum(row.as_ptr(), &mut sum, s) };
                     row.iter_mut().for_each(|y| *y /= sum);
                 }

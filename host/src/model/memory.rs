@@ -17,8 +17,7 @@
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let user_set = std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("MALLOC_"));
-        if !user_set {
+        if !user_set_malloc() {
             // SAFETY: mallopt only changes allocator thresholds; the caller runs it before
             // any other thread exists. A trim threshold of -1 disables trimming (mallopt(3));
             // i32::MAX would still trim once 2 GiB lie free at the top.
@@ -30,6 +29,12 @@ pub fn keep_freed_memory() {
             }
         }
     }
+}
+
+/// Whether the user set any `MALLOC_*` variable, which [`keep_freed_memory`] leaves alone.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn user_set_malloc() -> bool {
+    std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("MALLOC_"))
 }
 
 /// This process's resident memory now (VmRSS) and its peak so far (VmHWM), in MiB, from
@@ -84,7 +89,7 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn freed_buffers_are_used_again_without_page_faults() {
-        if std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("MALLOC_")) {
+        if user_set_malloc() {
             return; // the user's settings win; nothing of ours to test
         }
         keep_freed_memory();
