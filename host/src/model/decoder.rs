@@ -129,13 +129,19 @@ impl Lin {
         t: Target,
         lora: Option<&dyn Adapter>,
         train: bool,
-        frozen_matmul: bool,
+        kernels: Kernels,
     ) -> Result<Tensor> {
+        // On the training path an adapted layer is one node of the graph.
+        if let Some((a, b, scale)) = lora.and_then(|l| l.factors(layer, t)) {
+            if train && fused::applies(kernels.fused_ops, &[x, self.weight(), a, b]) {
+                return Ok(fused::lora_linear(&self.inner, x, a, b, scale)?);
+            }
+        }
         // Off the training path an adapter's vars upstream would make the input track a
         // gradient: the detached input takes the no-gradient matmul, the same as a run without
         // the adapter.
         let base_in = if train { x.clone() } else { x.detach() };
-        let y = super::frozen::linear(&self.inner, &base_in, frozen_matmul)?;
+        let y = super::frozen::linear(&self.inner, &base_in, kernels.frozen_matmul)?;
         match lora.map(|a| a.delta(layer, t, x)).transpose()?.flatten() {
             Some(delta) => Ok((y + delta)?),
             None => Ok(y),
@@ -147,6 +153,13 @@ impl Lin {
 /// linear `target` of layer `layer` for its input `x`, or `None` where it adapts nothing.
 pub trait Adapter {
     fn delta(&self, layer: usize, target: Target, x: &Tensor) -> Result<Option<Tensor>>;
+
+    /// The factors (A, B, scale) of linear `target` of layer `layer` when its delta is exactly
+    /// `scale · x Aᵀ Bᵀ` for every input (no dropout, one adapter for every row), so that
+    /// the training path can take the layer and its adapter as one op; `None` otherwise.
+    fn factors(&self, _layer: usize, _target: Target) -> Option<(&Tensor, &Tensor, f64)> {
+        None
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -977,40 +990,12 @@ impl Base {
         );
         let (q, k, v) = match &layer.qkv {
             Qkv::Split { q, k, v } => (
-                q.fwd(
-                    x,
-                    li,
-                    Target::Q,
-                    lora,
-                    !inference,
-                    self.kernels.frozen_matmul,
-                )?,
-                k.fwd(
-                    x,
-                    li,
-                    Target::K,
-                    lora,
-                    !inference,
-                    self.kernels.frozen_matmul,
-                )?,
-                v.fwd(
-                    x,
-                    li,
-                    Target::V,
-                    lora,
-                    !inference,
-                    self.kernels.frozen_matmul,
-                )?,
+                q.fwd(x, li, Target::Q, lora, !inference, self.kernels)?,
+                k.fwd(x, li, Target::K, lora, !inference, self.kernels)?,
+                v.fwd(x, li, Target::V, lora, !inference, self.kernels)?,
             ),
             Qkv::Fused(qkv) => {
-                let y = qkv.fwd(
-                    x,
-                    li,
-                    Target::Qkv,
-                    lora,
-                    !inference,
-                    self.kernels.frozen_matmul,
-                )?;
+                let y = qkv.fwd(x, li, Target::Qkv, lora, !inference, self.kernels)?;
                 (
                     y.narrow(D::Minus1, 0, nh * hd)?,
                     y.narrow(D::Minus1, nh * hd, nkv * hd)?,
@@ -1036,9 +1021,7 @@ impl Base {
             let q = q.contiguous()?;
             if let Some(y) = super::rows::decode_attention(&q, &k, &v, mask, scale as f32)? {
                 let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-                return layer
-                    .o
-                    .fwd(&y, li, Target::O, lora, false, self.kernels.frozen_matmul);
+                return layer.o.fwd(&y, li, Target::O, lora, false, self.kernels);
             }
         }
         // Grouped-query attention without repeating K and V: the n_rep query heads that share
@@ -1070,14 +1053,9 @@ impl Base {
         };
         let y = y.reshape((b, nh, t, hd))?;
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-        layer.o.fwd(
-            &y,
-            li,
-            Target::O,
-            lora,
-            !inference,
-            self.kernels.frozen_matmul,
-        )
+        layer
+            .o
+            .fwd(&y, li, Target::O, lora, !inference, self.kernels)
     }
 
     fn mlp(
@@ -1090,18 +1068,11 @@ impl Base {
     ) -> Result<Tensor> {
         let (g, u) = match &layer.gate_up {
             GateUp::Split { gate, up } => (
-                gate.fwd(x, li, Target::Gate, lora, train, self.kernels.frozen_matmul)?,
-                up.fwd(x, li, Target::Up, lora, train, self.kernels.frozen_matmul)?,
+                gate.fwd(x, li, Target::Gate, lora, train, self.kernels)?,
+                up.fwd(x, li, Target::Up, lora, train, self.kernels)?,
             ),
             GateUp::Fused(gu) => {
-                let y = gu.fwd(
-                    x,
-                    li,
-                    Target::GateUp,
-                    lora,
-                    train,
-                    self.kernels.frozen_matmul,
-                )?;
+                let y = gu.fwd(x, li, Target::GateUp, lora, train, self.kernels)?;
                 let i = self.cfg.intermediate_size;
                 (y.narrow(D::Minus1, 0, i)?, y.narrow(D::Minus1, i, i)?)
             }
@@ -1114,14 +1085,9 @@ impl Base {
             Act::GeluTanh => (g.gelu()? * u)?,
             Act::Gelu => (g.gelu_erf()? * u)?,
         };
-        layer.down.fwd(
-            &gated,
-            li,
-            Target::Down,
-            lora,
-            train,
-            self.kernels.frozen_matmul,
-        )
+        layer
+            .down
+            .fwd(&gated, li, Target::Down, lora, train, self.kernels)
     }
 }
 

@@ -684,6 +684,137 @@ pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> Result<Tenso
     logits.contiguous()?.apply_op1(TokenLogprobs { targets })
 }
 
+/// A frozen linear and its LoRA adapter as one node of the graph: `x Wᵀ + scale · (x Aᵀ) Bᵀ`.
+/// Its forward is the elementary ops' on the detached inputs (candle's products, in their
+/// order: the same numbers); its backward returns x's, A's and B's gradients directly, where candle's graph
+/// would hold the two products, the scaling, the sum and their reshapes, and add each of
+/// their gradients into a fresh zero tensor (the update's most frequent ops on a small
+/// model).
+struct LoraLinear {
+    /// The frozen weight, (out, in).
+    w: Tensor,
+    /// x's shape (.., in); the result's is (.., out).
+    x_dims: Vec<usize>,
+    scale: f64,
+    /// The result, handed to the graph (and dropped) by `cpu_fwd`.
+    y: std::sync::Mutex<Option<Tensor>>,
+}
+
+impl CustomOp3 for LoraLinear {
+    fn name(&self) -> &'static str {
+        "lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _x: &CpuStorage,
+        _xl: &Layout,
+        _a: &CpuStorage,
+        _al: &Layout,
+        _b: &CpuStorage,
+        _bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let Some(y) = self
+            .y
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("lora-linear: poisoned".into()))?
+            .take()
+        else {
+            bail!("lora-linear: the op ran twice")
+        };
+        let (s, l) = y.storage_and_layout();
+        let ys = tensor_f32s(&s, l, "lora-linear")?;
+        Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // candle's matmul backward's products, in its operand order: each gradient is the
+        // elementary ops' bit for bit (x's before it is added to its other uses').
+        let track = [x.track_op(), a.track_op(), b.track_op()];
+        let (a, b) = (a.detach(), b.detach());
+        let in_dim = a.dim(1)?;
+        let x = x.detach().reshape(((), in_dim))?;
+        let g = g.reshape(((), b.dim(0)?))?.contiguous()?;
+        let gs = g.affine(self.scale, 0.0)?;
+        let u = x.matmul(&a.t()?)?;
+        let grad_b = match track[2] {
+            true => Some(u.t()?.matmul(&gs)?.t()?),
+            false => None,
+        };
+        if !track[0] && !track[1] {
+            return Ok((None, None, grad_b));
+        }
+        let du = gs.matmul(&b)?;
+        let grad_a = match track[1] {
+            true => Some(x.t()?.matmul(&du)?.t()?),
+            false => None,
+        };
+        let grad_x = match track[0] {
+            true => Some((g.matmul(&self.w)? + du.matmul(&a)?)?.reshape(self.x_dims.as_slice())?),
+            false => None,
+        };
+        Ok((grad_x, grad_a, grad_b))
+    }
+}
+
+/// `x Wᵀ (+ bias) + scale · (x Aᵀ) Bᵀ` for a frozen `lin` and an adapter's factors A (r, in)
+/// and B (out, r), x (.., in): one node of the graph (no reshapes around it either),
+/// differentiable in x, A and B.
+pub(crate) fn lora_linear(
+    lin: &candle_nn::Linear,
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let w = lin.weight().contiguous()?;
+    let dims = x.dims().to_vec();
+    let in_dim = *dims.last().unwrap_or(&0);
+    let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    let (r, a_in) = a.dims2()?;
+    let (out_dim, b_r) = b.dims2()?;
+    if w.dims2()? != (out_dim, in_dim) || a_in != in_dim || b_r != r {
+        bail!(
+            "lora-linear: x {:?}, W {:?}, A {:?} and B {:?} do not fit x Wᵀ + x Aᵀ Bᵀ",
+            x.dims(),
+            w.dims(),
+            a.dims(),
+            b.dims()
+        )
+    }
+    let x = x.contiguous()?;
+    let xd = x.detach().reshape((rows, in_dim))?;
+    // The elementary ops' products and sums, in their order and layouts (frozen.rs's
+    // x Wᵀ + bias, then lora.rs's delta), so that the forward is theirs.
+    let mut y = xd.matmul(&w.t()?)?;
+    if let Some(bias) = lin.bias() {
+        y = y.broadcast_add(bias)?;
+    }
+    let delta = xd.matmul(&a.detach().t()?)?.matmul(&b.detach().t()?)?;
+    let mut out = dims.clone();
+    if let Some(last) = out.last_mut() {
+        *last = out_dim;
+    }
+    let y = (y + delta.affine(scale, 0.0)?)?.reshape(out)?;
+    x.apply_op3(
+        a,
+        b,
+        LoraLinear {
+            w,
+            x_dims: dims,
+            scale,
+            y: std::sync::Mutex::new(Some(y)),
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -824,6 +955,93 @@ mod tests {
         let grads = y.sum_all().unwrap().backward().unwrap();
         assert!(grads.get(q.as_tensor()).is_some());
         assert!(grads.get(&k).is_none() && grads.get(&v).is_none());
+    }
+
+    /// A frozen linear and its adapter through candle's ops: frozen.rs's x Wᵀ (+ bias) and
+    /// lora.rs's delta.
+    fn lora_elementary(
+        lin: &candle_nn::Linear,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        scale: f64,
+    ) -> Tensor {
+        let y = super::super::frozen::linear(lin, x, true).unwrap();
+        let delta = x.matmul(&a.t().unwrap()).unwrap();
+        let delta = (delta.matmul(&b.t().unwrap()).unwrap() * scale).unwrap();
+        (y + delta).unwrap()
+    }
+
+    #[test]
+    fn lora_linear_gives_the_elementary_ops_outputs_and_gradients_bit_for_bit() {
+        // (x's shape, out, r, bias, x tracks a gradient)
+        let cases: [(&[usize], usize, usize, bool, bool); 4] = [
+            (&[7, 12], 10, 3, false, true),
+            (&[2, 9, 8], 16, 4, true, true),
+            (&[20, 9], 5, 2, false, false),
+            (&[3, 1, 6], 6, 8, true, true),
+        ];
+        for (i, &(xs, out, r, bias, tracked)) in cases.iter().enumerate() {
+            let seed = 100 * i as u64;
+            let k = *xs.last().unwrap();
+            let lin = candle_nn::Linear::new(
+                random(&[out, k], seed + 1),
+                bias.then(|| random(&[out], seed + 2)),
+            );
+            let x = Var::from_tensor(&random(xs, seed + 3)).unwrap();
+            let x = match tracked {
+                true => x.as_tensor().clone(),
+                false => x.as_tensor().detach(),
+            };
+            let a = Var::from_tensor(&random(&[r, k], seed + 4)).unwrap();
+            let b = Var::from_tensor(&random(&[out, r], seed + 5)).unwrap();
+            let mut wshape = xs.to_vec();
+            *wshape.last_mut().unwrap() = out;
+            let w = random(&wshape, seed + 6);
+            let run = |fused: bool| {
+                let (at, bt) = (a.as_tensor(), b.as_tensor());
+                let y = match fused {
+                    true => lora_linear(&lin, &x, at, bt, 2.5).unwrap(),
+                    false => {
+                        let x2 = x.reshape(((x.elem_count() / k), k)).unwrap();
+                        lora_elementary(&lin, &x2, at, bt, 2.5)
+                            .reshape(wshape.as_slice())
+                            .unwrap()
+                    }
+                };
+                assert_eq!(y.dims(), wshape.as_slice(), "case {i}");
+                let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                assert_eq!(grads.get(&x).is_some(), tracked, "case {i}: x's gradient");
+                let mut out = vec![flat(&y)];
+                out.extend([at, bt].map(|t| flat(grads.get(t).unwrap())));
+                if tracked {
+                    out.push(flat(grads.get(&x).unwrap()));
+                }
+                out
+            };
+            let (fused, plain) = (run(true), run(false));
+            for (name, (f, e)) in ["output", "dA", "dB", "dx"]
+                .iter()
+                .zip(fused.iter().zip(&plain))
+            {
+                assert!(e.iter().any(|v| *v != 0.0), "case {i}, {name}: all zero");
+                assert_eq!(f, e, "case {i}, {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn lora_linear_refuses_factors_that_do_not_fit() {
+        let lin = candle_nn::Linear::new(random(&[6, 4], 1), None);
+        let x = random(&[3, 4], 2);
+        let e = lora_linear(&lin, &x, &random(&[2, 5], 3), &random(&[6, 2], 4), 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("A [2, 5]") && e.contains("do not fit"), "{e}");
+        let e = lora_linear(&lin, &x, &random(&[2, 4], 3), &random(&[6, 3], 4), 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("B [6, 3]"), "{e}");
     }
 
     #[test]

@@ -448,6 +448,13 @@ impl Adapter for Lora {
             None => Ok(Some(m.delta(x)?)),
         }
     }
+
+    fn factors(&self, layer: usize, target: Target) -> Option<(&Tensor, &Tensor, f64)> {
+        match &self.dropout {
+            Some(_) => None,
+            None => self.module(layer, target).map(|m| (&m.a, &m.b, m.scale)),
+        }
+    }
 }
 
 #[cfg(test)]
