@@ -112,6 +112,40 @@ fn activation_checkpointing_makes_the_plain_updates() {
 }
 
 #[test]
+fn agents_updated_side_by_side_make_the_one_by_one_updates() {
+    // Two threads, so that the agents' updates do run at the same time: the same metrics
+    // and every agent's adapter, bit for bit.
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let mut runs = Vec::new();
+    for on in ["false", "true"] {
+        let run = dir.path().join(format!("parallel-{on}"));
+        let set = format!("train.ppo.agents_in_parallel={on}");
+        let out = run_train(
+            &run,
+            &model,
+            &["--set", &set],
+            &[("RAYON_NUM_THREADS", "2")],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let lines = without_timings(&metrics(&run));
+        let adapters: Vec<Vec<u8>> = (0..2)
+            .map(|a| {
+                std::fs::read(run.join(format!(
+                    "checkpoints/final/agent-{a}/adapter_model.safetensors"
+                )))
+                .unwrap()
+            })
+            .collect();
+        runs.push((lines, adapters));
+    }
+    assert_eq!(runs[0].0, runs[1].0);
+    assert!(runs[0].1 == runs[1].1, "the adapters differ");
+    assert_eq!(runs[0].0[0]["agents"].as_object().unwrap().len(), 2);
+    assert_ne!(runs[0].0[0]["agents"]["1"]["grad_norm"], 0.0);
+}
+
+#[test]
 fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());

@@ -33,6 +33,9 @@ pub struct PpoConfig {
     /// layer's input, and the backward runs the layers again one at a time (less memory
     /// for long sequences, about one more forward pass of time).
     pub activation_checkpointing: bool,
+    /// Update the learning agents at the same time, sharing the threads, in one process
+    /// (the same updates, bit for bit; the update's peak memory becomes the agents' sum).
+    pub agents_in_parallel: bool,
 }
 
 impl Default for PpoConfig {
@@ -54,6 +57,7 @@ impl Default for PpoConfig {
             kl_estimator: KlEstimator::K1,
             chunk: 64,
             activation_checkpointing: false,
+            agents_in_parallel: true,
         }
     }
 }

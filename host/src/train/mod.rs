@@ -127,8 +127,9 @@ struct Metrics {
     update_seconds: f64,
     /// The parts of `update_seconds`, summed over agents: scoring with the policy (old
     /// log-probs, values) and the reference; then the epochs × minibatches, of which
-    /// `backward_seconds` went to backward passes and AdamW. With one agent per rank the
-    /// ranks' agents update at the same time, so the sums may exceed `update_seconds`.
+    /// `backward_seconds` went to backward passes and AdamW. Agents that update at the same
+    /// time (`train.ppo.agents_in_parallel`, or one agent per rank) make the sums exceed
+    /// `update_seconds`.
     score_seconds: f64,
     optimize_seconds: f64,
     backward_seconds: f64,
@@ -156,6 +157,113 @@ struct Learner {
     /// With `train.value_heads = "per-turn"`, the head of turn t + 1 (the agent itself then
     /// has none); else empty.
     turn_heads: Vec<ValueHead>,
+}
+
+/// What every learner's update of one step shares.
+struct Update<'a> {
+    debates: &'a [Debate],
+    turns: &'a [u32],
+    lr: f64,
+    cfg: &'a Config,
+    step: usize,
+}
+
+impl Update<'_> {
+    /// Learner `l`'s PPO update on its samples of the step, or `None` when it has none.
+    fn run(
+        &self,
+        l: &mut Learner,
+        agent: &Agent,
+        update_world: &dyn World,
+    ) -> anyhow::Result<Option<StepStats>> {
+        let Update {
+            debates,
+            turns,
+            lr,
+            cfg,
+            step,
+        } = *self;
+        let t = &cfg.train;
+        l.optimizer.set_lr(lr);
+        let samples: Vec<_> = samples_of(debates, l.agent)
+            .into_iter()
+            .filter(|s| turns.contains(&s.turn))
+            .collect();
+        if samples.is_empty() {
+            return Ok(None);
+        }
+        let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
+        // PPO scores the responses at the temperature that sampled them.
+        let temperature = cfg.agent_sampling(l.agent as usize).temperature;
+        let stats: anyhow::Result<StepStats> = if l.turn_heads.is_empty() {
+            ppo_step_in(
+                update_world,
+                agent,
+                &l.reference,
+                &mut l.optimizer,
+                Batch {
+                    samples: &samples,
+                    temperature,
+                },
+                &mut l.kl,
+                &t.ppo,
+                seed,
+            )
+        } else {
+            // One update per turn, each with that turn's value head.
+            let mut parts = Vec::new();
+            for &turn in turns {
+                // Generation records the shared head's values, so a turn's own head
+                // scores its samples afresh.
+                let group: Vec<_> = samples
+                    .iter()
+                    .filter(|s| s.turn == turn)
+                    .map(|s| Sample {
+                        policy: None,
+                        ..s.clone()
+                    })
+                    .collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let view = Agent {
+                    base: agent.base.clone(),
+                    lora: agent.lora.clone(),
+                    value_head: Some(l.turn_heads[turn as usize - 1].clone()),
+                    weights: agent.weights.clone(),
+                };
+                let s = ppo_step_in(
+                    update_world,
+                    &view,
+                    &l.reference,
+                    &mut l.optimizer,
+                    Batch {
+                        samples: &group,
+                        temperature,
+                    },
+                    &mut l.kl,
+                    &t.ppo,
+                    seed ^ u64::from(turn) << 32,
+                )?;
+                parts.push((group.len(), s));
+            }
+            Ok(weighted_mean(&parts))
+        };
+        stats
+            .with_context(|| {
+                let parts: Vec<String> = reward_parts(debates)
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {v}"))
+                    .collect();
+                format!(
+                    "PPO update of agent {} at step {step} (the step's mean reward parts: {}); \
+                 nothing of this step was saved",
+                    l.agent,
+                    parts.join(", ")
+                )
+            })
+            .map(Some)
+    }
 }
 
 struct Trainer {
@@ -453,87 +561,45 @@ impl Trainer {
         // Data placement: every rank updates every agent on its share of the batch, summing
         // gradients over ranks; agents placement: each rank updates its own agents alone.
         let update_world: &dyn World = if self.spread { &dist::Single } else { world };
-        for l in &mut self.learners {
-            l.optimizer.set_lr(lr);
-            let samples: Vec<_> = samples_of(&rollout.debates, l.agent)
-                .into_iter()
-                .filter(|s| turns.contains(&s.turn))
-                .collect();
-            if samples.is_empty() {
-                continue;
+        // Each learner's update is its own (its adapter, optimizer and KL controller): on
+        // the CPU, in one process, they run side by side and the ops inside each share the
+        // threads (a small model's ops are too small to keep every thread busy alone).
+        let team = &self.session.team;
+        let jobs: Vec<(&mut Learner, &Agent)> = self
+            .learners
+            .iter_mut()
+            .map(|l| {
+                let agent = team.agent(l.agent as usize);
+                (l, agent)
+            })
+            .collect();
+        let parallel = t.ppo.agents_in_parallel
+            && update_world.size() == 1
+            && jobs.len() > 1
+            && jobs.iter().all(|(_, a)| a.base.device().is_cpu())
+            && rayon::current_num_threads() > 1;
+        let update = Update {
+            debates: &rollout.debates,
+            turns: &turns,
+            lr,
+            cfg,
+            step,
+        };
+        let results: Vec<anyhow::Result<Option<StepStats>>> = if parallel {
+            use rayon::prelude::*;
+            jobs.into_par_iter()
+                .map(|(l, agent)| update.run(l, agent, &dist::Single))
+                .collect()
+        } else {
+            jobs.into_iter()
+                .map(|(l, agent)| update.run(l, agent, update_world))
+                .collect()
+        };
+        for (l, result) in self.learners.iter().zip(results) {
+            if let Some(stats) = result? {
+                update_tokens += stats.tokens;
+                agents.insert(l.agent, stats);
             }
-            let agent = self.session.team.agent(l.agent as usize);
-            let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
-            // PPO scores the responses at the temperature that sampled them.
-            let temperature = cfg.agent_sampling(l.agent as usize).temperature;
-            let stats = if l.turn_heads.is_empty() {
-                ppo_step_in(
-                    update_world,
-                    agent,
-                    &l.reference,
-                    &mut l.optimizer,
-                    Batch {
-                        samples: &samples,
-                        temperature,
-                    },
-                    &mut l.kl,
-                    &t.ppo,
-                    seed,
-                )
-            } else {
-                // One update per turn, each with that turn's value head.
-                let mut parts = Vec::new();
-                for &turn in &turns {
-                    // Generation records the shared head's values, so a turn's own head
-                    // scores its samples afresh.
-                    let group: Vec<_> = samples
-                        .iter()
-                        .filter(|s| s.turn == turn)
-                        .map(|s| Sample {
-                            policy: None,
-                            ..s.clone()
-                        })
-                        .collect();
-                    if group.is_empty() {
-                        continue;
-                    }
-                    let view = Agent {
-                        base: agent.base.clone(),
-                        lora: agent.lora.clone(),
-                        value_head: Some(l.turn_heads[turn as usize - 1].clone()),
-                        weights: agent.weights.clone(),
-                    };
-                    let s = ppo_step_in(
-                        update_world,
-                        &view,
-                        &l.reference,
-                        &mut l.optimizer,
-                        Batch {
-                            samples: &group,
-                            temperature,
-                        },
-                        &mut l.kl,
-                        &t.ppo,
-                        seed ^ u64::from(turn) << 32,
-                    )?;
-                    parts.push((group.len(), s));
-                }
-                Ok(weighted_mean(&parts))
-            }
-            .with_context(|| {
-                let parts: Vec<String> = reward_parts(&rollout.debates)
-                    .iter()
-                    .map(|(k, v)| format!("{k} = {v}"))
-                    .collect();
-                format!(
-                    "PPO update of agent {} at step {step} (the step's mean reward parts: {}); \
-                     nothing of this step was saved",
-                    l.agent,
-                    parts.join(", ")
-                )
-            })?;
-            update_tokens += stats.tokens;
-            agents.insert(l.agent, stats);
         }
         let phase = |f: fn(&StepStats) -> f64| -> f64 { agents.values().map(f).sum() };
         // The update's phases, summed over agents (timings are not part of the statistics
