@@ -45,7 +45,11 @@ const BF16: Precision = Precision {
     sum: 1.5,
     loss_rel: 0.005,
     grad_cos: 0.99,
-    grad_norm_rel: 0.03,
+    // The gradient's norm is what bf16's rounding moves most, and by how much depends on
+    // the machine (its products' summation order, rounded to bf16 at every layer): 0.048 on
+    // a 2-core Xeon with AVX-512 (2026-12-05, the same at 3bc3ac0), under 0.03 where the
+    // bound was first set; the direction stayed within cos 0.997 on both.
+    grad_norm_rel: 0.06,
 };
 
 const F16: Precision = Precision {
