@@ -168,9 +168,12 @@ def phases(m):
         ("generation", m["generation_seconds"]),
         ("scoring", m["score_seconds"]),
         ("optimization", m["optimize_seconds"]),
+        ("update (wall)", m["update_seconds"]),
         ("one iteration", m["rollout_seconds"] + m["update_seconds"]),
     ]
 print("\nagainst the baseline build, same command, one after the other:")
+print("(scoring and optimization are summed over agents: with the agents updating side by "
+      "side they overlap, and the update's wall time is what to compare)")
 print("| phase | baseline s | now s | speed-up |\n|---|---|---|---|")
 for (name, a), (_, b) in zip(phases(old), phases(new)):
     print(f"| {name} | {a:.1f} | {b:.1f} | {a / max(b, 1e-9):.2f}x |")
