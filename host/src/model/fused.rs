@@ -339,6 +339,21 @@ fn attention_weights(
     Ok(p)
 }
 
+/// The result an op computed with tensor ops before joining the graph, handed to candle by
+/// its `cpu_fwd` (once).
+fn hand_over(slot: &std::sync::Mutex<Option<Tensor>>, op: &str) -> Result<(CpuStorage, Shape)> {
+    let Some(y) = slot
+        .lock()
+        .map_err(|_| candle_core::Error::Msg(format!("{op}: poisoned")))?
+        .take()
+    else {
+        bail!("{op}: the op ran twice")
+    };
+    let (s, l) = y.storage_and_layout();
+    let ys = tensor_f32s(&s, l, op)?;
+    Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
+}
+
 /// The whole attention product as one node of the graph: its forward keeps the attention
 /// weights (the only activation-sized tensor, where the elementary ops kept the scores, the
 /// weights and their reshapes) and its backward returns q's, k's and v's gradients directly,
@@ -366,17 +381,7 @@ impl CustomOp3 for Attention {
         _v: &CpuStorage,
         _vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let Some(y) = self
-            .y
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("attention: poisoned".into()))?
-            .take()
-        else {
-            bail!("attention: the op ran twice")
-        };
-        let (s, l) = y.storage_and_layout();
-        let ys = tensor_f32s(&s, l, "attention")?;
-        Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
+        hand_over(&self.y, "attention")
     }
 
     fn bwd(
@@ -714,17 +719,7 @@ impl CustomOp3 for LoraLinear {
         _b: &CpuStorage,
         _bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let Some(y) = self
-            .y
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("lora-linear: poisoned".into()))?
-            .take()
-        else {
-            bail!("lora-linear: the op ran twice")
-        };
-        let (s, l) = y.storage_and_layout();
-        let ys = tensor_f32s(&s, l, "lora-linear")?;
-        Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
+        hand_over(&self.y, "lora-linear")
     }
 
     fn bwd(
