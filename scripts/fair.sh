@@ -4,7 +4,7 @@
 # paired draws, so that rows at one seed differ only by their weights.
 #   scripts/fair.sh                       # every row, SEEDS (default 0 1 2 3 4)
 #   SEEDS="0" scripts/fair.sh maporl      # one row, one seed
-#   python3 scripts/fair_table.py runs/fair
+#   python3 scripts/fair_table.py         # the tables, from the kept summaries
 # Rows: off-the-shelf (the untrained team), single (agent 0 learns), sft, maporl (rule
 # verifier, influence shaper), maporl-current (no influence term: horizon = "current"),
 # maporl-alpha (alpha_1 = 2), maporl-beta (beta_0 = 2, the paper's sign), maporl-beta-code
@@ -16,15 +16,25 @@
 # `curve` evaluates the maporl row's kept checkpoints (every 8 steps) on the first
 # CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
-# evaluation of its own) and then `maporl eval` of its final adapters; finished rows are
-# skipped, so the script can be rerun to add seeds. Two instances may run at once on
-# different rows or seeds once the models are made (`scripts/fair.sh setup`).
+# evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
+# in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair). Rows
+# with a summary are skipped, so the script can be rerun, in any checkout, to add seeds. Two
+# instances may run at once on different rows or seeds once the models are made
+# (`scripts/fair.sh setup`).
+# Every run uses one build, pinned at FAIR_COMMIT: a later build whose kernels only round
+# differently samples different text, and rows at one seed would no longer differ only by
+# their weights. The script builds that commit in a worktree under .cache (BIN=... runs
+# another binary; the summaries record which, and the tables refuse to mix builds). The
+# configs, plugins and scripts it uses are the checkout's; they are unchanged since
+# FAIR_COMMIT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2 3 4"}
 ALL="off-the-shelf maporl maporl-current single sft maporl-alpha maporl-beta maporl-beta-code maporl-learned heterogeneous-before heterogeneous cross-domain-before cross-domain"
 ROWS=${*:-$ALL}
 OUT=${OUT:-runs/fair}
+KEPT=${KEPT:-results/fair}
+FAIR_COMMIT=${FAIR_COMMIT:-3bc3ac0}
 CONFIG=configs/fair.toml
 MODEL=runs/fair-model
 MODEL_B=runs/fair-model-b
@@ -32,9 +42,14 @@ MODEL_X=runs/fair-model-x
 VERIFIER="$OUT/verifier/checkpoints/final"
 if [ -z "${FAIR_NO_BUILD:-}" ]; then
     cargo xtask plugins
-    cargo build --release -p maporl
 fi
-BIN=${BIN:-target/release/maporl}
+if [ -z "${BIN:-}" ]; then
+    src=.cache/fair-$FAIR_COMMIT
+    [ -d "$src" ] || git worktree add --detach "$src" "$FAIR_COMMIT"
+    (cd "$src" && cargo build --release -p maporl)
+    BIN=$src/target/release/maporl
+fi
+BUILD=${FAIR_BUILD:-$FAIR_COMMIT}
 mkdir -p "$OUT"
 
 # The models: the fair team's, and a second architecture for the heterogeneous team (4
@@ -82,20 +97,24 @@ for seed in $SEEDS; do
             mkdir -p "$OUT/curve-seed$seed"
             for step in "" "$OUT"/maporl-seed"$seed"/train/checkpoints/step-*; do
                 name=${step##*/}
-                dir="$OUT/curve-seed$seed/${name:-step-000000}"
-                [ -f "$dir/eval.json" ] && continue
+                name=${name:-step-000000}
+                dir="$OUT/curve-seed$seed/$name"
+                kept="$KEPT/curve-seed$seed-$name.json"
+                [ -f "$kept" ] && continue
                 "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.held_out=$n" \
                     --set "$(team maporl "$step")" --set "run_dir=$dir" >"$dir.log" 2>&1 || {
                     tail -20 "$dir.log"
                     exit 1
                 }
-                echo "fair: curve, seed $seed, ${name:-step-000000}: $(grep 'majority accuracy' "$dir.log")"
+                python3 scripts/fair_table.py keep-curve "$dir" "$kept" "$BUILD"
+                echo "fair: curve, seed $seed, $name: $(grep 'majority accuracy' "$dir.log")"
             done
             continue
         fi
         dir="$OUT/$row-seed$seed"
-        if [ -f "$dir/eval/eval.json" ]; then
-            echo "fair: $dir is done"
+        kept="$KEPT/$row-seed$seed.json"
+        if [ -f "$kept" ]; then
+            echo "fair: $kept is done"
             continue
         fi
         echo "fair: $row, seed $seed ($(date +%T))"
@@ -144,6 +163,7 @@ for seed in $SEEDS; do
             tail -20 "$dir/eval.log"
             exit 1
         }
+        python3 scripts/fair_table.py keep "$dir/eval" "$kept" "$BUILD"
         tail -14 "$dir/eval.log" | head -12
     done
 done

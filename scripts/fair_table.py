@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
 """The tables of RESULTS.md's fair test, from scripts/fair.sh's runs.
 
-    python3 scripts/fair_table.py runs/fair [--resamples 2000]
+    python3 scripts/fair_table.py [results/fair] [--resamples 2000]
+    python3 scripts/fair_table.py keep RUN_DIR/eval results/fair/ROW-seedS.json BUILD
+    python3 scripts/fair_table.py keep-curve RUN_DIR/eval results/fair/curve-seedS-step-N.json BUILD
 
-For every row (a directory ROW-seedS/eval with maporl eval's transcripts.jsonl and
+The tables read the kept summaries (results/fair, committed: a run's directory under runs/
+is not, and a fresh checkout has none). `keep` writes one evaluation's summary: per question,
+the team's credit at each turn, and the conditional and unaided move counts; `keep-curve`
+writes a curve point's per-turn accuracy. BUILD names the commit whose build ran it: rows
+are compared only within one build (a faster kernel that rounds differently changes the
+sampled text, and then rows at one seed no longer differ only by their weights).
+
+For every row (a summary ROW-seedS.json, kept from maporl eval's transcripts.jsonl and
 eval.json):
 - the team's held-out accuracy per turn (the paper's majority with its tie rule, the same
   credit as `maporl eval`), mean and standard deviation over seeds;
@@ -126,6 +135,43 @@ def read_eval(path):
     return out, turns, report
 
 
+def keep(eval_dir, out, build):
+    """Writes the summary of one evaluation that the tables need, atomically."""
+    credits, turns, report = read_eval(Path(eval_dir))
+    summary = {
+        "build": build,
+        "turns": turns,
+        "credits": credits,
+        "rates": [[t, kind, moved, of] for (t, kind), (moved, of) in sorted(report["rates"].items())],
+    }
+    write_json(Path(out), summary)
+
+
+def keep_curve(eval_dir, out, build):
+    """Writes a curve point: the evaluation's question count and per-turn accuracy."""
+    report = json.loads((Path(eval_dir) / "eval.json").read_text())
+    point = {
+        "build": build,
+        "tasks": report["tasks"],
+        "majority_accuracy": [t["majority_accuracy"] for t in report["turns"]],
+    }
+    write_json(Path(out), point)
+
+
+def write_json(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, sort_keys=True, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+
+
+def read_kept(path):
+    """A kept summary as read_eval returns it."""
+    summary = json.loads(path.read_text())
+    rates = {(t, kind): [moved, of] for t, kind, moved, of in summary["rates"]}
+    return summary["credits"], summary["turns"], {"rates": rates, "build": summary["build"]}
+
+
 def bootstrap(strata, stat, resamples, rng):
     """Percentile 95% interval of stat over resamples drawn within each stratum."""
     values = []
@@ -151,20 +197,29 @@ def mean(xs):
 
 def main():
     args = sys.argv[1:]
+    if args and args[0] in ("keep", "keep-curve"):
+        if len(args) != 4:
+            sys.exit(f"fair_table: usage: {args[0]} EVAL_DIR OUT.json BUILD")
+        (keep if args[0] == "keep" else keep_curve)(*args[1:])
+        return
     resamples = 2000
     if "--resamples" in args:
         i = args.index("--resamples")
         resamples = int(args[i + 1])
         del args[i : i + 2]
-    root = Path(args[0] if args else "runs/fair")
-    runs = {}
-    for d in sorted(root.glob("*-seed*/eval")):
-        if not (d / "eval.json").exists():
+    root = Path(args[0] if args else "results/fair")
+    runs, builds = {}, set()
+    for path in sorted(root.glob("*-seed*.json")):
+        m = re.fullmatch(r"(.+)-seed(\d+)", path.stem)
+        if not m or m.group(1).startswith("curve"):
             continue
-        m = re.fullmatch(r"(.+)-seed(\d+)", d.parent.name)
-        runs.setdefault(m.group(1), {})[int(m.group(2))] = read_eval(d)
+        kept = read_kept(path)
+        builds.add(kept[2]["build"])
+        runs.setdefault(m.group(1), {})[int(m.group(2))] = kept
     if not runs:
-        sys.exit(f"fair_table: no finished evaluation under {root}")
+        sys.exit(f"fair_table: no kept evaluation under {root}")
+    if len(builds) > 1:
+        sys.exit(f"fair_table: the summaries under {root} come from several builds ({sorted(builds)}): rows are paired only within one")
     rng = random.Random(0)
     rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
     turns = max(t for r in runs.values() for (_, t, _) in r.values())
@@ -263,19 +318,20 @@ def main():
         [("self", "P(W→R \\| all wrong)"), ("drift", "P(R→W \\| all right)")],
     )
 
-    curves = sorted(root.glob("curve-seed*/step-*/eval.json"))
+    curves = sorted(root.glob("curve-seed*-step-*.json"))
     if curves:
         print()
         print("Training curve: the maporl row's checkpoints on the first held-out questions:")
         print()
         print(f"| seed | step | questions | {cols} |")
         print("|---|---|---|" + "---|" * turns)
+        points = []
         for path in curves:
-            report = json.loads(path.read_text())
-            seed = path.parent.parent.name.removeprefix("curve-seed")
-            step = int(path.parent.name.removeprefix("step-"))
-            accs = " | ".join(f"{t['majority_accuracy']:.3f}" for t in report["turns"])
-            print(f"| {seed} | {step} | {report['tasks']} | {accs} |")
+            m = re.fullmatch(r"curve-seed(\d+)-step-(\d+)", path.stem)
+            points.append((int(m.group(1)), int(m.group(2)), json.loads(path.read_text())))
+        for seed, step, point in sorted(points, key=lambda p: p[:2]):
+            accs = " | ".join(f"{a:.3f}" for a in point["majority_accuracy"])
+            print(f"| {seed} | {step} | {point['tasks']} | {accs} |")
 
 
 if __name__ == "__main__":
