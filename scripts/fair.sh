@@ -17,7 +17,8 @@
 # CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
 # evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
-# in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair). Rows
+# in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair), with the
+# warm-started models and the learned verifier in results/fair/models. Rows
 # with a summary are skipped, so the script can be rerun, in any checkout, to add seeds. Two
 # instances may run at once on different rows or seeds once the models are made
 # (`scripts/fair.sh setup`).
@@ -52,26 +53,63 @@ fi
 BUILD=${FAIR_BUILD:-$FAIR_COMMIT}
 mkdir -p "$OUT"
 
+# The warm-started models are kept too (results/fair/models, committed): on another CPU the
+# same warm start rounds differently and makes another model. A kept model is copied in
+# first (the warm start then finds it made); a model made here is kept.
+warm_start() {
+    local model=$1 kept_model="$KEPT/models/${1##*/}"
+    shift
+    if [ -d "$kept_model" ]; then
+        if [ ! -d "$model" ]; then
+            mkdir -p "$(dirname "$model")"
+            cp -r "$kept_model" "$model"
+        elif ! cmp -s "$model/model.safetensors" "$kept_model/model.safetensors"; then
+            echo "fair: $model differs from the kept $kept_model (the kept runs used that one): move $model aside" >&2
+            exit 1
+        fi
+    fi
+    "$BIN" warm-start --config "$CONFIG" --set "model.path=$model" "$@"
+    if [ ! -d "$kept_model" ]; then
+        mkdir -p "$KEPT/models"
+        cp -r "$model" "$kept_model"
+    fi
+}
 # The models: the fair team's, and a second architecture for the heterogeneous team (4
 # layers, 48 wide: the same teachers, tokenizer budget and steps).
-"$BIN" warm-start --config "$CONFIG"
+warm_start "$MODEL"
 if [[ " $ROWS " == *" heterogeneous"* || " $ROWS " == *" setup "* ]]; then
-    "$BIN" warm-start --config "$CONFIG" --set "model.path=$MODEL_B" \
-        --set warm_start.hidden_size=48 --set warm_start.intermediate_size=192 \
+    warm_start "$MODEL_B" --set warm_start.hidden_size=48 --set warm_start.intermediate_size=192 \
         --set warm_start.layers=4
 fi
 if [[ " $ROWS " == *" cross-domain"* || " $ROWS " == *" setup "* ]]; then
-    "$BIN" warm-start --config "$CONFIG" --set "model.path=$MODEL_X" --set 'warm_start.families=[1,4]'
+    warm_start "$MODEL_X" --set 'warm_start.families=[1,4]'
 fi
 # The learned verifier: the untrained team's answers at every turn of the training
 # questions, labelled by the rule verifier; LoRA + a head (settings as in scripts/results.sh).
+# Kept like the models (its final checkpoint).
 if [[ " $ROWS " == *" maporl-learned "* || " $ROWS " == *" setup "* ]] && [ ! -d "$VERIFIER" ]; then
-    "$BIN" verifier generate --config "$CONFIG" --out "$OUT/verifier-answers.jsonl"
-    rm -rf "$OUT/verifier"
-    "$BIN" verifier train --config "$CONFIG" --data "$OUT/verifier-answers.jsonl" \
-        --out "$OUT/verifier" --set verifier.train.lr=2e-3 --set verifier.train.epochs=4 \
-        --set verifier.train.loss=last-token
+    if [ -d "$KEPT/models/verifier" ]; then
+        mkdir -p "$(dirname "$VERIFIER")"
+        cp -r "$KEPT/models/verifier" "$VERIFIER"
+    else
+        "$BIN" verifier generate --config "$CONFIG" --out "$OUT/verifier-answers.jsonl"
+        rm -rf "$OUT/verifier"
+        "$BIN" verifier train --config "$CONFIG" --data "$OUT/verifier-answers.jsonl" \
+            --out "$OUT/verifier" --set verifier.train.lr=2e-3 --set verifier.train.epochs=4 \
+            --set verifier.train.loss=last-token
+        mkdir -p "$KEPT/models"
+        cp -r "$VERIFIER" "$KEPT/models/verifier"
+    fi
 fi
+
+# The models row $1's team is made of.
+models_of() {
+    case $1 in
+    heterogeneous*) echo "$MODEL $MODEL_B" ;;
+    cross-domain*) echo "$MODEL_X" ;;
+    *) echo "$MODEL" ;;
+    esac
+}
 
 HETERO="agents=[{model=\"$MODEL\"},{model=\"$MODEL_B\"},{model=\"$MODEL\"}]"
 # The team for `maporl eval` of row $1: each agent's model and, when checkpoint $2 holds
@@ -106,7 +144,7 @@ for seed in $SEEDS; do
                     tail -20 "$dir.log"
                     exit 1
                 }
-                python3 scripts/fair_table.py keep-curve "$dir" "$kept" "$BUILD"
+                python3 scripts/fair_table.py keep-curve "$dir" "$kept" "$BUILD" $(models_of maporl)
                 echo "fair: curve, seed $seed, $name: $(grep 'majority accuracy' "$dir.log")"
             done
             continue
@@ -163,7 +201,7 @@ for seed in $SEEDS; do
             tail -20 "$dir/eval.log"
             exit 1
         }
-        python3 scripts/fair_table.py keep "$dir/eval" "$kept" "$BUILD"
+        python3 scripts/fair_table.py keep "$dir/eval" "$kept" "$BUILD" $(models_of "$row")
         tail -14 "$dir/eval.log" | head -12
     done
 done

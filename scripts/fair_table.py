@@ -2,15 +2,18 @@
 """The tables of RESULTS.md's fair test, from scripts/fair.sh's runs.
 
     python3 scripts/fair_table.py [results/fair] [--resamples 2000]
-    python3 scripts/fair_table.py keep RUN_DIR/eval results/fair/ROW-seedS.json BUILD
-    python3 scripts/fair_table.py keep-curve RUN_DIR/eval results/fair/curve-seedS-step-N.json BUILD
+    python3 scripts/fair_table.py keep RUN_DIR/eval results/fair/ROW-seedS.json BUILD MODEL...
+    python3 scripts/fair_table.py keep-curve RUN_DIR/eval results/fair/curve-seedS-step-N.json BUILD MODEL...
 
 The tables read the kept summaries (results/fair, committed: a run's directory under runs/
 is not, and a fresh checkout has none). `keep` writes one evaluation's summary: per question,
 the team's credit at each turn, and the conditional and unaided move counts; `keep-curve`
-writes a curve point's per-turn accuracy. BUILD names the commit whose build ran it: rows
-are compared only within one build (a faster kernel that rounds differently changes the
-sampled text, and then rows at one seed no longer differ only by their weights).
+writes a curve point's per-turn accuracy. BUILD names the commit whose build ran it, MODEL
+the warm-started model directories its team used (their weights' sha256 are kept), and the
+CPU is recorded. Rows are compared only within one build and one set of models (a faster
+kernel or another warm start changes the sampled text, and then rows at one seed no longer
+differ only by their weights); summaries from different CPUs are flagged, since a CPU that
+rounds differently samples other text from the same weights.
 
 For every row (a summary ROW-seedS.json, kept from maporl eval's transcripts.jsonl and
 eval.json):
@@ -29,7 +32,9 @@ eval.json):
 Standard library only.
 """
 
+import hashlib
 import json
+import platform
 import random
 import re
 import statistics
@@ -135,11 +140,28 @@ def read_eval(path):
     return out, turns, report
 
 
-def keep(eval_dir, out, build):
+def provenance(build, models):
+    """What a kept result was made with: the build, each model's weights, the CPU."""
+    hashes = {}
+    for m in models:
+        digest = hashlib.sha256((Path(m) / "model.safetensors").read_bytes()).hexdigest()
+        hashes[Path(m).name] = digest
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"build": build, "models": hashes, "cpu": cpu}
+
+
+def keep(eval_dir, out, build, *models):
     """Writes the summary of one evaluation that the tables need, atomically."""
     credits, turns, report = read_eval(Path(eval_dir))
     summary = {
-        "build": build,
+        **provenance(build, models),
         "turns": turns,
         "credits": credits,
         "rates": [[t, kind, moved, of] for (t, kind), (moved, of) in sorted(report["rates"].items())],
@@ -147,11 +169,11 @@ def keep(eval_dir, out, build):
     write_json(Path(out), summary)
 
 
-def keep_curve(eval_dir, out, build):
+def keep_curve(eval_dir, out, build, *models):
     """Writes a curve point: the evaluation's question count and per-turn accuracy."""
     report = json.loads((Path(eval_dir) / "eval.json").read_text())
     point = {
-        "build": build,
+        **provenance(build, models),
         "tasks": report["tasks"],
         "majority_accuracy": [t["majority_accuracy"] for t in report["turns"]],
     }
@@ -169,7 +191,8 @@ def read_kept(path):
     """A kept summary as read_eval returns it."""
     summary = json.loads(path.read_text())
     rates = {(t, kind): [moved, of] for t, kind, moved, of in summary["rates"]}
-    return summary["credits"], summary["turns"], {"rates": rates, "build": summary["build"]}
+    meta = {k: summary.get(k) for k in ("build", "models", "cpu")}
+    return summary["credits"], summary["turns"], {"rates": rates, **meta}
 
 
 def bootstrap(strata, stat, resamples, rng):
@@ -198,8 +221,8 @@ def mean(xs):
 def main():
     args = sys.argv[1:]
     if args and args[0] in ("keep", "keep-curve"):
-        if len(args) != 4:
-            sys.exit(f"fair_table: usage: {args[0]} EVAL_DIR OUT.json BUILD")
+        if len(args) < 4:
+            sys.exit(f"fair_table: usage: {args[0]} EVAL_DIR OUT.json BUILD MODEL...")
         (keep if args[0] == "keep" else keep_curve)(*args[1:])
         return
     resamples = 2000
@@ -208,18 +231,32 @@ def main():
         resamples = int(args[i + 1])
         del args[i : i + 2]
     root = Path(args[0] if args else "results/fair")
-    runs, builds = {}, set()
+    runs, builds, models, cpus = {}, set(), {}, set()
     for path in sorted(root.glob("*-seed*.json")):
         m = re.fullmatch(r"(.+)-seed(\d+)", path.stem)
         if not m or m.group(1).startswith("curve"):
             continue
         kept = read_kept(path)
-        builds.add(kept[2]["build"])
+        meta = kept[2]
+        builds.add(meta["build"])
+        cpus.add(meta["cpu"])
+        for name, digest in (meta["models"] or {}).items():
+            if models.setdefault(name, (digest, path.name))[0] != digest:
+                sys.exit(
+                    f"fair_table: {path.name} used another {name} than {models[name][1]} "
+                    f"(weights {digest[:12]} against {models[name][0][:12]}): rows are "
+                    "paired only on the same models"
+                )
         runs.setdefault(m.group(1), {})[int(m.group(2))] = kept
     if not runs:
         sys.exit(f"fair_table: no kept evaluation under {root}")
     if len(builds) > 1:
         sys.exit(f"fair_table: the summaries under {root} come from several builds ({sorted(builds)}): rows are paired only within one")
+    if len(cpus) > 1:
+        print(
+            f"Note: these summaries come from {len(cpus)} CPUs ({'; '.join(sorted(map(str, cpus)))}): "
+            "across them the same weights sample other text, so pairs are looser.\n"
+        )
     rng = random.Random(0)
     rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
     turns = max(t for r in runs.values() for (_, t, _) in r.values())
