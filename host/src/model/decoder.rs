@@ -203,8 +203,8 @@ pub struct Kernels {
     /// product for decoding).
     pub frozen_matmul: bool,
     /// The ops with their own backward on the training path: RMS norm, rope, attention,
-    /// SiLU gating, token log-probs; and attention without a graph in place (prefill and
-    /// scoring).
+    /// SiLU gating, token log-probs, a linear layer with its LoRA adapter; and attention
+    /// without a graph in place (prefill and scoring).
     pub fused_ops: bool,
 }
 

@@ -591,9 +591,17 @@ impl Trainer {
                 .map(|(l, agent)| update.run(l, agent, &dist::Single))
                 .collect()
         } else {
-            jobs.into_iter()
-                .map(|(l, agent)| update.run(l, agent, update_world))
-                .collect()
+            // One by one, stopping at the first failure.
+            let mut results = Vec::new();
+            for (l, agent) in jobs {
+                let result = update.run(l, agent, update_world);
+                let failed = result.is_err();
+                results.push(result);
+                if failed {
+                    break;
+                }
+            }
+            results
         };
         for (l, result) in self.learners.iter().zip(results) {
             if let Some(stats) = result? {
