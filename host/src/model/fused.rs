@@ -691,10 +691,10 @@ pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> Result<Tenso
 
 /// A frozen linear and its LoRA adapter as one node of the graph: `x Wᵀ + scale · (x Aᵀ) Bᵀ`.
 /// Its forward is the elementary ops' on the detached inputs (candle's products, in their
-/// order: the same numbers); its backward returns x's, A's and B's gradients directly, where candle's graph
-/// would hold the two products, the scaling, the sum and their reshapes, and add each of
-/// their gradients into a fresh zero tensor (the update's most frequent ops on a small
-/// model).
+/// order: the same numbers). Its backward returns x's, A's and B's gradients directly, where
+/// candle's graph would hold the two products, the scaling, the sum and their reshapes, and
+/// add each of their gradients into a fresh zero tensor (the update's most frequent ops on a
+/// small model).
 struct LoraLinear {
     /// The frozen weight, (out, in).
     w: Tensor,
