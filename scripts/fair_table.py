@@ -221,7 +221,7 @@ def mean(xs):
 def main():
     args = sys.argv[1:]
     if args and args[0] in ("keep", "keep-curve"):
-        if len(args) < 4:
+        if len(args) < 5:
             sys.exit(f"fair_table: usage: {args[0]} EVAL_DIR OUT.json BUILD MODEL...")
         (keep if args[0] == "keep" else keep_curve)(*args[1:])
         return
