@@ -194,6 +194,8 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
         // Turn 2's prompts extend turn 1's conversations: the prefix cache serves them.
         let hit = line["generation_prefix_hit_rate"].as_f64().unwrap();
         assert!(hit > 0.1 && hit < 1.0, "{line}");
+        let held = line["generation_prefix_cache_mib"].as_f64().unwrap();
+        assert!(held > 0.0 && held < 1024.0, "{line}");
     }
     // The learning rate decays linearly to 0.1x by the last step.
     let lrs: Vec<f64> = lines
@@ -247,6 +249,7 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     );
     for line in &lines {
         assert_eq!(line["generation_prefix_hit_rate"], 0.0, "no cache: {line}");
+        assert_eq!(line["generation_prefix_cache_mib"], 0.0, "no cache: {line}");
         assert_eq!(
             line["agents"]
                 .as_object()

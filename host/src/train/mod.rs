@@ -123,6 +123,8 @@ struct Metrics {
     generation_seconds: f64,
     /// The share of the step's prompt positions the generation prefix cache served.
     generation_prefix_hit_rate: f64,
+    /// The most keys and values the generation prefix cache held at once (this rank's).
+    generation_prefix_cache_mib: f64,
     plugin_seconds: f64,
     update_seconds: f64,
     /// The parts of `update_seconds`, summed over agents: scoring with the policy (old
@@ -550,7 +552,7 @@ impl Trainer {
         }
         let rollout_seconds = started.elapsed().as_secs_f64();
         // This rank's share: each rank generates its own debates.
-        let prefix_hit_rate = self.session.team.take_prefix_stats().hit_rate();
+        let prefixes = self.session.team.take_prefix_stats();
 
         let started = Instant::now();
         let t = &cfg.train;
@@ -652,7 +654,8 @@ impl Trainer {
             agents,
             rollout_seconds,
             generation_seconds: rollout.team_time.as_secs_f64(),
-            generation_prefix_hit_rate: prefix_hit_rate,
+            generation_prefix_hit_rate: prefixes.hit_rate(),
+            generation_prefix_cache_mib: prefixes.peak_bytes as f64 / (1 << 20) as f64,
             plugin_seconds: rollout.plugin_time.as_secs_f64(),
             update_seconds,
             score_seconds,
