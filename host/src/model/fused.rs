@@ -17,6 +17,8 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
 };
 use rayon::prelude::*;
+
+use super::rows::lse_and_mean;
 /// Whether the fused ops can take these tensors: CPU, f32, and `enabled` (the base's
 /// [`Kernels::fused_ops`](super::Kernels)).
 pub(crate) fn applies(enabled: bool, ts: &[&Tensor]) -> bool {
@@ -223,12 +225,12 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------
 // Attention: softmax(q kᵀ · scale + mask) v, one differentiable op.
 
-/// How a row of attention weights is summed and normalised: each way is the one of the path
-/// it replaced, bit for bit, so that a seed gives the same transcripts and checkpoints as
-/// before. `Training`: a sequential sum and a multiplication by its inverse (the old
-/// masked-softmax op). `Inference`: candle's `softmax_last_dim` (its vectorised sum, then a
-/// division). The scaling, masking, maximum and exponentials are the same for both (candle's
-/// affine adds a +0.0, which changes no exponential).
+/// How a row of attention weights is computed. `Inference` (prefill and scoring): as candle's
+/// `softmax_last_dim`, bit for bit (libm's exponentials, its vectorised sum, then a
+/// division; candle's affine adds a +0.0, which changes no exponential), so that generation
+/// gives the transcripts it gave before this op. `Training`: the fastest way this CPU has
+/// ([`rows::softmax_scaled`](super::rows::softmax_scaled): AVX2 exponentials and sums), the
+/// same on every call, so that a seed still gives the same checkpoints.
 #[derive(Clone, Copy, Debug)]
 enum Rounding {
     Training,
@@ -291,29 +293,23 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
         };
         let (scale, rounding) = (self.scale, self.rounding);
         xs.par_chunks_mut(s).enumerate().for_each(|(k, row)| {
-            match mask {
-                Some(m) => {
-                    let mr = &m[(k / per_batch * t + k % t) * s..][..s];
-                    row.iter_mut()
-                        .zip(mr)
-                        .for_each(|(y, m)| *y = *y * scale + m);
-                }
+            let mr = mask.map(|m| &m[(k / per_batch * t + k % t) * s..][..s]);
+            if let Rounding::Training = rounding {
+                return super::rows::softmax_scaled(row, mr, scale);
+            }
+            match mr {
+                Some(mr) => row
+                    .iter_mut()
+                    .zip(mr)
+                    .for_each(|(y, m)| *y = *y * scale + m),
                 None => row.iter_mut().for_each(|y| *y *= scale),
             }
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             row.iter_mut().for_each(|y| *y = exp_shifted(*y - max));
-            match rounding {
-                Rounding::Training => {
-                    let inv = 1.0 / row.iter().fold(0f32, |sum, y| sum + y);
-                    row.iter_mut().for_each(|y| *y *= inv);
-                }
-                Rounding::Inference => {
-                    let mut sum = 0f32;
-                    // SAFETY: `row` holds s > 0 elements.
-                    unsafe { f32::vec_reduce_sum(row.as_ptr(), &mut sum, s) };
-                    row.iter_mut().for_each(|y| *y /= sum);
-                }
-            }
+            let mut sum = 0f32;
+            // SAFETY: `row` holds s > 0 elements.
+            unsafe { f32::vec_reduce_sum(row.as_ptr(), &mut sum, s) };
+            row.iter_mut().for_each(|y| *y /= sum);
         });
         Ok(())
     }
@@ -598,18 +594,6 @@ struct TokenLogprobs {
     targets: Vec<u32>,
 }
 
-/// Per row: the log-sum-exp and E_p[z].
-fn lse_and_mean(z: &[f32]) -> (f32, f32) {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let (mut sum, mut zsum) = (0f32, 0f32);
-    for &v in z {
-        let e = (v - max).exp();
-        sum += e;
-        zsum += e * v;
-    }
-    (max + sum.ln(), zsum / sum)
-}
-
 impl CustomOp1 for TokenLogprobs {
     fn name(&self) -> &'static str {
         "token-logprobs"
@@ -673,10 +657,7 @@ impl CustomOp2 for TokenLogprobsGrad {
             .for_each(|((or, (zr, gr)), &t)| {
                 let (lse, mean) = lse_and_mean(zr);
                 let (g_lp, g_h) = (gr[0], gr[1]);
-                for (o, z) in or.iter_mut().zip(zr) {
-                    let p = (z - lse).exp();
-                    *o = -g_lp * p - g_h * p * (z - mean);
-                }
+                super::rows::logprob_entropy_grad(or, zr, lse, mean, g_lp, g_h);
                 or[t as usize] += g_lp;
             });
         Ok((CpuStorage::F32(out), zl.shape().clone()))

@@ -1,6 +1,8 @@
 //! Kernels for decoding a few rows at a time: `y = x Wᵀ` without gemm's packing, attention of
 //! the new positions against the KV cache, and the log-sum-exp over the vocabulary that every
-//! sampled token's log-prob needs.
+//! sampled token's log-prob needs. Also the training path's row kernels: the attention
+//! weights' softmax, and the log-sum-exp, mean and gradient of each response token's log-prob
+//! and entropy, with the same AVX2 exponentials.
 //!
 //! At 2 to 16 rows, gemm spends much of its time packing operands and runs its 8 × 6
 //! microkernel on panels it had to transpose. Here each group of 3 weight rows is read once,
@@ -69,9 +71,185 @@ pub(crate) fn logsumexp(xs: &[f32]) -> f32 {
     m + xs.iter().map(|&x| (x - m).exp() as f64).sum::<f64>().ln() as f32
 }
 
+/// softmax(row · scale + mask) in place, for the training forward's attention weights: with
+/// AVX2 exponentials, maximum and sum when the CPU has them (the sum then rounds in 8 lanes),
+/// else one element at a time. Exponentials under e^-87 are 0, so masked positions weigh
+/// nothing. `mask`, when given, is as long as `row`, which is not empty.
+pub(crate) fn softmax_scaled(row: &mut [f32], mask: Option<&[f32]>, scale: f32) {
+    debug_assert!(!row.is_empty() && mask.is_none_or(|m| m.len() == row.len()));
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: available() checked AVX2 and FMA; the mask is as long as the row.
+        unsafe { avx2::softmax_scaled(row, mask, scale) };
+        return;
+    }
+    match mask {
+        Some(m) => row.iter_mut().zip(m).for_each(|(y, m)| *y = *y * scale + m),
+        None => row.iter_mut().for_each(|y| *y *= scale),
+    }
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    row.iter_mut().for_each(|y| *y = exp_or_zero(*y - max));
+    let inv = 1.0 / row.iter().fold(0f32, |sum, y| sum + y);
+    row.iter_mut().for_each(|y| *y *= inv);
+}
+
+/// e^d, or 0 below -87 (as the AVX2 path).
+fn exp_or_zero(d: f32) -> f32 {
+    if d < -87.0 {
+        0.0
+    } else {
+        d.exp()
+    }
+}
+
+/// Per row of logits: the log-sum-exp and the mean of the logits under their softmax,
+/// E_p[z] (the entropy is lse − E_p[z]), with AVX2 exponentials when the CPU has them.
+pub(crate) fn lse_and_mean(z: &[f32]) -> (f32, f32) {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if available() && max.is_finite() {
+        // SAFETY: available() checked AVX2 and FMA.
+        let (sum, zsum) = unsafe { avx2::sum_exp_and_weighted(z, max) };
+        return (max + sum.ln(), zsum / sum);
+    }
+    let (mut sum, mut zsum) = (0f32, 0f32);
+    for &v in z {
+        let e = (v - max).exp();
+        sum += e;
+        zsum += e * v;
+    }
+    (max + sum.ln(), zsum / sum)
+}
+
+/// out[j] = −g_lp p_j − g_h p_j (z_j − mean) with p_j = e^(z_j − lse): the gradient of a
+/// row's target log-prob and entropy (their gradients g_lp and g_h) with respect to its
+/// logits, less the target's own g_lp term.
+pub(crate) fn logprob_entropy_grad(
+    out: &mut [f32],
+    z: &[f32],
+    lse: f32,
+    mean: f32,
+    g_lp: f32,
+    g_h: f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if available() && lse.is_finite() {
+        // SAFETY: available() checked AVX2 and FMA; the caller's rows are as long.
+        unsafe { avx2::logprob_entropy_grad(out, z, lse, mean, g_lp, g_h) };
+        return;
+    }
+    for (o, z) in out.iter_mut().zip(z) {
+        let p = (z - lse).exp();
+        *o = -g_lp * p - g_h * p * (z - mean);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// [`super::softmax_scaled`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_scaled(row: &mut [f32], mask: Option<&[f32]>, scale: f32) {
+        let n = row.len();
+        let n8 = n / 8 * 8;
+        let p = row.as_mut_ptr();
+        let sv = _mm256_set1_ps(scale);
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < n8 {
+            let mut y = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), sv);
+            if let Some(m) = mask {
+                y = _mm256_add_ps(y, _mm256_loadu_ps(m.as_ptr().add(i)));
+            }
+            _mm256_storeu_ps(p.add(i), y);
+            mx = _mm256_max_ps(mx, y);
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
+        let mut max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for j in n8..n {
+            row[j] = row[j] * scale + mask.map_or(0.0, |m| m[j]);
+            max = max.max(row[j]);
+        }
+        let (mv, floor) = (_mm256_set1_ps(max), _mm256_set1_ps(-87.0));
+        let mut acc = _mm256_setzero_ps();
+        i = 0;
+        while i < n8 {
+            let d = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv);
+            let e = _mm256_and_ps(exp(d), _mm256_cmp_ps::<_CMP_GE_OQ>(d, floor));
+            _mm256_storeu_ps(p.add(i), e);
+            acc = _mm256_add_ps(acc, e);
+            i += 8;
+        }
+        let mut sum = hsum(acc);
+        for y in &mut row[n8..] {
+            *y = super::exp_or_zero(*y - max);
+            sum += *y;
+        }
+        let inv = 1.0 / sum;
+        let iv = _mm256_set1_ps(inv);
+        i = 0;
+        while i < n8 {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv));
+            i += 8;
+        }
+        for y in &mut row[n8..] {
+            *y *= inv;
+        }
+    }
+
+    /// (Σ e^(z − m), Σ e^(z − m) z) over a row, for m its maximum.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn sum_exp_and_weighted(z: &[f32], m: f32) -> (f32, f32) {
+        let mv = _mm256_set1_ps(m);
+        let (mut s, mut w) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let chunks = z.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            let e = exp(_mm256_sub_ps(v, mv));
+            s = _mm256_add_ps(s, e);
+            w = _mm256_fmadd_ps(e, v, w);
+        }
+        let (mut sum, mut zsum) = (hsum(s), hsum(w));
+        for &v in tail {
+            let e = (v - m).exp();
+            sum += e;
+            zsum += e * v;
+        }
+        (sum, zsum)
+    }
+
+    /// [`super::logprob_entropy_grad`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn logprob_entropy_grad(
+        out: &mut [f32],
+        z: &[f32],
+        lse: f32,
+        mean: f32,
+        g_lp: f32,
+        g_h: f32,
+    ) {
+        let n = out.len().min(z.len());
+        let n8 = n / 8 * 8;
+        let (lv, mv) = (_mm256_set1_ps(lse), _mm256_set1_ps(mean));
+        let (glp, gh) = (_mm256_set1_ps(-g_lp), _mm256_set1_ps(-g_h));
+        let mut i = 0;
+        while i < n8 {
+            let v = _mm256_loadu_ps(z.as_ptr().add(i));
+            let p = exp(_mm256_sub_ps(v, lv));
+            // −g_lp p − g_h p (z − mean) = p (−g_lp − g_h (z − mean))
+            let f = _mm256_fmadd_ps(gh, _mm256_sub_ps(v, mv), glp);
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(p, f));
+            i += 8;
+        }
+        for j in n8..n {
+            let p = (z[j] - lse).exp();
+            out[j] = -g_lp * p - g_h * p * (z[j] - mean);
+        }
+    }
 
     /// Σ exp(x - m) for x ≤ m, in f64 (eight f32 lanes flushed every 512 values).
     #[target_feature(enable = "avx2,fma")]
@@ -473,6 +651,71 @@ mod tests {
                             "m {m} n {n} k {k} ({r}, {o}): {got} vs {want}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The softmax, log-sum-exp, mean and gradient of the training path against f64, over
+    /// every row length up to 40 (whole 8-lane blocks, tails, rows shorter than a block) and
+    /// a vocabulary's, with masked positions, large and small spreads.
+    #[test]
+    fn training_softmax_and_logprob_kernels_match_f64() {
+        let lengths = (1..=40).chain([1024, 49152 / 4 + 3]);
+        for (case, n) in lengths.enumerate() {
+            for spread in [0.0f32, 3.0, 60.0] {
+                let z: Vec<f32> = seq(n, case as u32).iter().map(|v| v * spread).collect();
+                // Every third position masked, never the first.
+                let mask: Vec<f32> = (0..n)
+                    .map(|j| if j % 3 == 2 { -1e9 } else { 0.0 })
+                    .collect();
+                for (m, scale) in [(None, 0.25f32), (Some(&mask[..]), 1.5)] {
+                    let mut row = z.clone();
+                    softmax_scaled(&mut row, m, scale);
+                    let x: Vec<f64> = (0..n)
+                        .map(|j| z[j] as f64 * scale as f64 + m.map_or(0.0, |m| m[j] as f64))
+                        .collect();
+                    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = x.iter().map(|v| (v - max).exp()).sum();
+                    for j in 0..n {
+                        let want = (x[j] - max).exp() / sum;
+                        // x rounded to f32 moves its exponential by up to |x| · 2^-24.
+                        let ulps = 1e-6 + (x[j].abs() + max.abs()) * 2f64.powi(-23);
+                        assert!(
+                            (row[j] as f64 - want).abs() <= ulps * want.max(1e-3),
+                            "n {n}, spread {spread}, position {j}: {} against {want}",
+                            row[j]
+                        );
+                        if m.is_some() && j % 3 == 2 {
+                            assert_eq!(row[j], 0.0, "a masked position weighs nothing");
+                        }
+                    }
+                }
+                let (lse, mean) = lse_and_mean(&z);
+                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let e: Vec<f64> = z.iter().map(|&v| (v as f64 - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let want_lse = max + sum.ln();
+                let want_mean = e.iter().zip(&z).map(|(e, &v)| e * v as f64).sum::<f64>() / sum;
+                assert!((lse as f64 - want_lse).abs() < 1e-5 * want_lse.abs().max(1.0));
+                assert!((mean as f64 - want_mean).abs() < 1e-5 * spread.max(1.0) as f64);
+                let (g_lp, g_h) = (0.7f32, -1.3f32);
+                let mut out = vec![f32::NAN; n];
+                logprob_entropy_grad(&mut out, &z, lse, mean, g_lp, g_h);
+                // Given the row's lse and mean, each element to a few ulp of its terms, and
+                // of its exponent (z − lse, rounded to f32, scales e^(z − lse) by up to
+                // |z − lse| · 2^-24).
+                let (lse, mean) = (lse as f64, mean as f64);
+                for j in 0..n {
+                    let (p, d) = ((z[j] as f64 - lse).exp(), z[j] as f64 - mean);
+                    let want = -(g_lp as f64) * p - g_h as f64 * p * d;
+                    let terms = p * (g_lp.abs() as f64 + g_h.abs() as f64 * d.abs());
+                    let ulps = 1e-6 + (z[j] as f64 - lse).abs() * 2f64.powi(-23);
+                    assert!(
+                        (out[j] as f64 - want).abs() <= ulps * terms + 1e-30,
+                        "n {n}, spread {spread}, position {j}: {} against {want}",
+                        out[j]
+                    );
                 }
             }
         }
