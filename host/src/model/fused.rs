@@ -19,6 +19,7 @@ use candle_core::{
 use rayon::prelude::*;
 
 use super::rows::lse_and_mean;
+
 /// Whether the fused ops can take these tensors: CPU, f32, and `enabled` (the base's
 /// [`Kernels::fused_ops`](super::Kernels)).
 pub(crate) fn applies(enabled: bool, ts: &[&Tensor]) -> bool {
