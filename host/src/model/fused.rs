@@ -226,18 +226,6 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------
 // Attention: softmax(q kᵀ · scale + mask) v, one differentiable op.
 
-/// How a row of attention weights is computed. `Inference` (prefill and scoring): as candle's
-/// `softmax_last_dim`, bit for bit (libm's exponentials, its vectorised sum, then a
-/// division; candle's affine adds a +0.0, which changes no exponential), so that generation
-/// gives the transcripts it gave before this op. `Training`: the fastest way this CPU has
-/// ([`rows::softmax_scaled`](super::rows::softmax_scaled): AVX2 exponentials and sums), the
-/// same on every call, so that a seed still gives the same checkpoints.
-#[derive(Clone, Copy, Debug)]
-enum Rounding {
-    Training,
-    Inference,
-}
-
 /// exp(d) for d = x − max ≤ 0. Below −104 the exact value is under half the smallest f32
 /// subnormal, so it rounds to 0: masked positions (−1e9) skip libm's slow underflow path.
 fn exp_shifted(d: f32) -> f32 {
@@ -249,13 +237,15 @@ fn exp_shifted(d: f32) -> f32 {
 }
 
 /// Turns scores (batch, heads, t, s) in place into softmax(scores · scale + mask) over the
-/// last dimension. Any layout whose rows run (batch, …, t) works, such as grouped-query
-/// attention's (batch, kv heads, n_rep · t, s); the mask (batch, 1, t, s) is additive.
+/// last dimension, as candle's `softmax_last_dim`, bit for bit (libm's exponentials, its
+/// vectorised sum, then a division; candle's affine adds a +0.0, which changes no
+/// exponential), so that generation gives the transcripts it gave before this op. Any layout
+/// whose rows run (batch, …, t) works, such as grouped-query attention's (batch, kv heads,
+/// n_rep · t, s); the mask (batch, 1, t, s) is additive.
 struct AttentionWeights<'a> {
     scale: f32,
     t: usize,
     mask: Option<&'a Tensor>,
-    rounding: Rounding,
 }
 
 impl candle_core::InplaceOp1 for AttentionWeights<'_> {
@@ -292,12 +282,9 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
             }
             None => None,
         };
-        let (scale, rounding) = (self.scale, self.rounding);
+        let scale = self.scale;
         xs.par_chunks_mut(s).enumerate().for_each(|(k, row)| {
             let mr = mask.map(|m| &m[(k / per_batch * t + k % t) * s..][..s]);
-            if let Rounding::Training = rounding {
-                return super::rows::softmax_scaled(row, mr, scale);
-            }
             match mr {
                 Some(mr) => row
                     .iter_mut()
@@ -316,26 +303,6 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
     }
 }
 
-/// The attention weights of q (b, g, r · t, d) against k (b, g, s, d), without a graph.
-fn attention_weights(
-    q: &Tensor,
-    k: &Tensor,
-    t: usize,
-    scale: f64,
-    mask: Option<&Tensor>,
-    rounding: Rounding,
-) -> Result<Tensor> {
-    let p = q.detach().matmul(&k.detach().t()?)?;
-    let mask = mask.map(|m| m.contiguous()).transpose()?;
-    p.inplace_op1(&AttentionWeights {
-        scale: scale as f32,
-        t,
-        mask: mask.as_ref(),
-        rounding,
-    })?;
-    Ok(p)
-}
-
 /// The result an op computed with tensor ops before joining the graph, handed to candle by
 /// its `cpu_fwd` (once).
 fn hand_over(slot: &std::sync::Mutex<Option<Tensor>>, op: &str) -> Result<(CpuStorage, Shape)> {
@@ -351,17 +318,24 @@ fn hand_over(slot: &std::sync::Mutex<Option<Tensor>>, op: &str) -> Result<(CpuSt
     Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
 }
 
-/// The whole attention product as one node of the graph: its forward keeps the attention
-/// weights (the only activation-sized tensor, where the elementary ops kept the scores, the
-/// weights and their reshapes) and its backward returns q's, k's and v's gradients directly,
-/// where candle's backward would add each (batch, heads, t, s) gradient into a fresh zero
-/// tensor, four times a layer.
+/// The whole attention product as one node of the graph, computed row by row over each row's
+/// live keys ([`attention`](super::attention): about half the work of the batched products
+/// under a causal mask). Its forward keeps the attention weights (the only activation-sized
+/// tensor) and its backward returns q's, k's and v's gradients directly.
 struct Attention {
-    /// The attention weights, (b, g, r · t, s).
-    p: Tensor,
-    /// The result, handed to the graph (and dropped) by `cpu_fwd`.
-    y: std::sync::Mutex<Option<Tensor>>,
+    /// The attention weights, (b, g, r · t, s), 0 on masked columns.
+    p: Vec<f32>,
+    mask: Option<Tensor>,
+    dims: super::attention::Dims,
+    /// The result, handed to the graph by `cpu_fwd`.
+    y: std::sync::Mutex<Option<Vec<f32>>>,
     scale: f32,
+}
+
+/// The contiguous f32 values of a CPU tensor, for a closure.
+fn with_f32s<R>(x: &Tensor, op: &str, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let (s, l) = x.storage_and_layout();
+    f(tensor_f32s(&s, l, op)?)
 }
 
 impl CustomOp3 for Attention {
@@ -372,13 +346,21 @@ impl CustomOp3 for Attention {
     fn cpu_fwd(
         &self,
         _q: &CpuStorage,
-        _ql: &Layout,
+        ql: &Layout,
         _k: &CpuStorage,
         _kl: &Layout,
         _v: &CpuStorage,
         _vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        hand_over(&self.y, "attention")
+        let Some(y) = self
+            .y
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("attention: poisoned".into()))?
+            .take()
+        else {
+            bail!("attention: the op ran twice")
+        };
+        Ok((CpuStorage::F32(y), ql.shape().clone()))
     }
 
     fn bwd(
@@ -389,33 +371,42 @@ impl CustomOp3 for Attention {
         _y: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        // The products of candle's matmul backward, in its operand order, so that the
-        // gradients are the elementary ops' bit for bit.
-        let g = g.contiguous()?;
-        let grad_v = match v.track_op() {
-            true => Some(self.p.t()?.matmul(&g)?),
-            false => None,
-        };
-        if !q.track_op() && !k.track_op() {
-            return Ok((None, None, grad_v));
+        let wanted = [q.track_op(), k.track_op(), v.track_op()];
+        if wanted == [false; 3] {
+            return Ok((None, None, None));
         }
-        let ds = g.matmul(&v.detach().t()?)?;
-        ds.inplace_op2(&self.p, &SoftmaxGrad { scale: self.scale })?;
-        let grad_q = match q.track_op() {
-            true => Some(ds.matmul(&k.detach())?),
-            false => None,
+        let g = g.contiguous()?;
+        let grads = with_f32s(q, "attention q", |qs| {
+            with_f32s(k, "attention k", |ks| {
+                with_f32s(v, "attention v", |vs| {
+                    with_f32s(&g, "attention gradient", |gs| {
+                        let run = |ms: Option<&[f32]>| {
+                            super::attention::backward(
+                                qs, ks, vs, &self.p, gs, ms, self.dims, self.scale, wanted,
+                            )
+                            .map_err(|e| candle_core::Error::Msg(format!("attention: {e}")))
+                        };
+                        match &self.mask {
+                            Some(m) => with_f32s(m, "attention mask", |ms| run(Some(ms))),
+                            None => run(None),
+                        }
+                    })
+                })
+            })
+        })?;
+        let [dq, dk, dv] = grads;
+        let wrap = |x: Option<Vec<f32>>, like: &Tensor| -> Result<Option<Tensor>> {
+            x.map(|x| Tensor::from_vec(x, like.shape(), like.device()))
+                .transpose()
         };
-        let grad_k = match k.track_op() {
-            true => Some(q.detach().t()?.matmul(&ds)?.t()?),
-            false => None,
-        };
-        Ok((grad_q, grad_k, grad_v))
+        Ok((wrap(dq, q)?, wrap(dk, k)?, wrap(dv, v)?))
     }
 }
 
 /// softmax(q kᵀ · scale + mask) v for grouped-query attention: q (batch, kv heads, n_rep · t,
 /// head dim), k and v (batch, kv heads, s, head dim), the additive mask (batch, 1, t, s)
-/// carrying no gradient. Differentiable in q, k and v.
+/// carrying no gradient. Differentiable in q, k and v. The weights' softmax rounds as
+/// [`rows::softmax_scaled`](super::rows::softmax_scaled) (the training rounding).
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -425,13 +416,31 @@ pub(crate) fn attention(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let p = attention_weights(&q, &k, t, scale, mask, Rounding::Training)?;
-    let y = p.matmul(&v.detach())?;
+    let mask = mask.map(|m| m.contiguous()).transpose()?;
+    let (b, g, rt, d) = q.dims4()?;
+    let s = k.dim(2)?;
+    let dims = super::attention::Dims { b, g, rt, t, s, d };
+    let (y, p) = with_f32s(&q, "attention q", |qs| {
+        with_f32s(&k, "attention k", |ks| {
+            with_f32s(&v, "attention v", |vs| {
+                let run = |ms: Option<&[f32]>| {
+                    super::attention::forward(qs, ks, vs, ms, dims, scale as f32)
+                        .map_err(|e| candle_core::Error::Msg(format!("attention: {e}")))
+                };
+                match &mask {
+                    Some(m) => with_f32s(m, "attention mask", |ms| run(Some(ms))),
+                    None => run(None),
+                }
+            })
+        })
+    })?;
     q.apply_op3(
         &k,
         &v,
         Attention {
             p,
+            mask,
+            dims,
             y: std::sync::Mutex::new(Some(y)),
             scale: scale as f32,
         },
@@ -447,47 +456,14 @@ pub(crate) fn attention_inference(
     scale: f64,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    attention_weights(q, k, t, scale, mask, Rounding::Inference)?.matmul(v)
-}
-
-/// dL/dscores of the scaled softmax, scale · y (g − Σ g y) per row, written over g (the
-/// gradient of the weights y, a buffer of the backward's own).
-struct SoftmaxGrad {
-    scale: f32,
-}
-
-impl candle_core::InplaceOp2 for SoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "softmax-grad"
-    }
-
-    fn cpu_fwd(&self, g: &mut CpuStorage, gl: &Layout, y: &CpuStorage, yl: &Layout) -> Result<()> {
-        let ys = f32s(y, yl, "softmax grad")?;
-        let CpuStorage::F32(gv) = g else {
-            bail!("softmax grad: expected f32, got {:?}", g.dtype())
-        };
-        let Some((o1, o2)) = gl.contiguous_offsets() else {
-            bail!("softmax grad: expected a contiguous gradient")
-        };
-        let gs = &mut gv[o1..o2];
-        let s = yl.dims()[yl.dims().len() - 1];
-        if gs.len() != ys.len() || s == 0 {
-            bail!(
-                "softmax grad: gradient {:?} for weights {:?}",
-                gl.dims(),
-                yl.dims()
-            );
-        }
-        gs.par_chunks_exact_mut(s)
-            .zip(ys.par_chunks_exact(s))
-            .for_each(|(gr, yr)| {
-                let dot: f32 = yr.iter().zip(gr.iter()).map(|(y, g)| y * g).sum();
-                for (g, y) in gr.iter_mut().zip(yr) {
-                    *g = self.scale * y * (*g - dot);
-                }
-            });
-        Ok(())
-    }
+    let p = q.detach().matmul(&k.detach().t()?)?;
+    let mask = mask.map(|m| m.contiguous()).transpose()?;
+    p.inplace_op1(&AttentionWeights {
+        scale: scale as f32,
+        t,
+        mask: mask.as_ref(),
+    })?;
+    p.matmul(v)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1028,11 +1004,28 @@ mod tests {
         let v = random(&[2, 2, 3, 4], 3);
         // t = 4 does not divide the 6 query rows of a head group.
         let e = attention(&q, &k, &v, 4, 0.5, None).unwrap_err().to_string();
+        assert!(e.contains("6 query rows are not whole groups of 4"), "{e}");
+        let e = attention_inference(&q, &k, &v, 4, 0.5, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("are not (batch, .., 4, s) rows"), "{e}");
         // A mask for another batch size.
-        let e = attention(&q, &k, &v, 3, 0.5, Some(&mask(&[0], 3, 0)))
+        let m = mask(&[0], 3, 0);
+        let e = attention(&q, &k, &v, 3, 0.5, Some(&m))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the mask holds 9 values, not (2, 1, 3, 3)"),
+            "{e}"
+        );
+        let e = attention_inference(&q, &k, &v, 3, 0.5, Some(&m))
             .unwrap_err()
             .to_string();
         assert!(e.contains("the mask does not cover (2, 1, 3, 3)"), "{e}");
+        // Keys and values of different lengths.
+        let e = attention(&q, &k, &random(&[2, 2, 4, 4], 3), 3, 0.5, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("v holds 64 values, k 48"), "{e}");
     }
 }

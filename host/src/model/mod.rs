@@ -6,6 +6,7 @@
 //! Device-generic: every entry point takes the `Device` (CPU, or CUDA with the `cuda` feature).
 
 mod agent;
+mod attention;
 mod chat;
 mod config;
 mod decoder;
