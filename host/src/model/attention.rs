@@ -79,6 +79,7 @@ fn spans(mask: Option<&[f32]>, dims: Dims) -> Vec<(usize, usize)> {
 }
 
 /// `xs` (rows, d) transposed into (d, rows).
+#[inline(always)]
 fn transposed(xs: &[f32], d: usize) -> Vec<f32> {
     let rows = xs.len() / d;
     let mut out = vec![0f32; xs.len()];
@@ -107,11 +108,11 @@ fn axpy<const D: usize>(acc: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// For each of R rows x_i (of d): out[i · len + j] = Σ_c x_i[c] · xt[c · stride + j], j < len:
-/// rows against the columns of a transposed matrix, 8 columns at a time in one register per
-/// row across all of x, each column load shared by the R rows. Each output is summed over c
-/// in order, whatever R.
+/// rows against the columns of a transposed matrix, W columns at a time (a vector register)
+/// per row across all of x, each column load shared by the R rows. Each output is summed over
+/// c in order, whatever W and R.
 #[inline(always)]
-fn rows_times<const D: usize, const R: usize>(
+fn rows_times<const W: usize, const D: usize, const R: usize>(
     out: &mut [f32],
     len: usize,
     x: &[f32],
@@ -122,21 +123,21 @@ fn rows_times<const D: usize, const R: usize>(
     let d = if D > 0 { D } else { d };
     let x = &x[..R * d];
     let mut j0 = 0;
-    while j0 + 8 <= len {
-        let mut acc = [[0f32; 8]; R];
+    while j0 + W <= len {
+        let mut acc = [[0f32; W]; R];
         for c in 0..d {
-            let col = &xt[c * stride + j0..][..8];
+            let col = &xt[c * stride + j0..][..W];
             for (r, acc) in acc.iter_mut().enumerate() {
                 let xc = x[r * d + c];
-                for i in 0..8 {
+                for i in 0..W {
                     acc[i] += xc * col[i];
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate() {
-            out[r * len + j0..][..8].copy_from_slice(acc);
+            out[r * len + j0..][..W].copy_from_slice(acc);
         }
-        j0 += 8;
+        j0 += W;
     }
     for j in j0..len {
         for r in 0..R {
@@ -236,7 +237,7 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
 /// is the head dimension when compiled for it, else 0.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn group_forward<const D: usize>(
+fn group_forward<const W: usize, const D: usize>(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -250,35 +251,35 @@ fn group_forward<const D: usize>(
     let Dims { rt, d, s, .. } = dims;
     let kt = transposed(k, d);
     let mut scores = vec![0f32; BLOCK * s];
-    let mut rows = |r0: usize, n: usize| {
-        let (lo, hi) = match n {
-            BLOCK => union::<BLOCK>(spans, r0, dims.t),
-            _ => union::<1>(spans, r0, dims.t),
-        };
-        let len = hi - lo;
-        match n {
-            BLOCK => rows_times::<D, BLOCK>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s),
-            _ => rows_times::<D, 1>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s),
-        }
-        for i in 0..n {
-            let r = r0 + i;
-            let tr = r % dims.t;
-            let (l, h) = spans[tr];
-            let live = &mut p[r * s + l..r * s + h];
-            live.copy_from_slice(&scores[i * len + l - lo..i * len + h - lo]);
-            let mr = mask.map(|m| &m[tr * s + l..tr * s + h]);
-            super::rows::softmax_scaled(live, mr, scale);
-            weighted_rows::<D>(&mut y[r * d..][..d], live, &v[l * d..h * d]);
-        }
-    };
-    in_blocks!(rt, r0 => rows(r0, BLOCK), rows(r0, 1));
+    // A macro, not a closure: a closure would be compiled apart, without the caller's
+    // instruction set.
+    macro_rules! rows {
+        ($r0:expr, $r:expr) => {{
+            const R: usize = $r;
+            let r0 = $r0;
+            let (lo, hi) = union::<R>(spans, r0, dims.t);
+            let len = hi - lo;
+            rows_times::<W, D, R>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s);
+            for i in 0..R {
+                let r = r0 + i;
+                let tr = r % dims.t;
+                let (l, h) = spans[tr];
+                let live = &mut p[r * s + l..r * s + h];
+                live.copy_from_slice(&scores[i * len + l - lo..i * len + h - lo]);
+                let mr = mask.map(|m| &m[tr * s + l..tr * s + h]);
+                super::rows::softmax_scaled(live, mr, scale);
+                weighted_rows::<D>(&mut y[r * d..][..d], live, &v[l * d..h * d]);
+            }
+        }};
+    }
+    in_blocks!(rt, r0 => rows!(r0, BLOCK), rows!(r0, 1));
 }
 
 /// One group's backward from its kept weights: adds into dq (rt, d), dk and dv (s, d), zeroed
 /// by the caller; an empty one is not wanted.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn group_backward<const D: usize>(
+fn group_backward<const W: usize, const D: usize>(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -314,7 +315,7 @@ fn group_backward<const D: usize>(
                 }
             }
             if scores_wanted {
-                rows_times::<D, R>(&mut ds, len, &g[r0 * d..], d, &vt[lo..], s);
+                rows_times::<W, D, R>(&mut ds, len, &g[r0 * d..], d, &vt[lo..], s);
                 for i in 0..R {
                     let r = r0 + i;
                     let (l, h) = spans[r % t];
@@ -343,26 +344,95 @@ fn group_backward<const D: usize>(
     in_blocks!(rt, r0 => rows!(r0, BLOCK), rows!(r0, 1));
 }
 
-/// Calls `$f::<D>` with D the head dimension $d when it is one compiled for, else 0.
+/// Calls `$m::$f::<D>` with D the head dimension $d when it is one compiled for, else 0.
 macro_rules! by_head_dim {
-    ($d:expr, $f:ident ( $($arg:expr),* )) => {
+    ($d:expr, $m:ident :: $f:ident, ( $($arg:expr),* )) => {
         match $d {
-            16 => $f::<16>($($arg),*),
-            32 => $f::<32>($($arg),*),
-            64 => $f::<64>($($arg),*),
-            128 => $f::<128>($($arg),*),
-            _ => $f::<0>($($arg),*),
+            16 => $m::$f::<16>($($arg),*),
+            32 => $m::$f::<32>($($arg),*),
+            64 => $m::$f::<64>($($arg),*),
+            128 => $m::$f::<128>($($arg),*),
+            _ => $m::$f::<0>($($arg),*),
         }
     };
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::*;
+/// The kernels compiled for one instruction set: `W` columns to a register.
+macro_rules! compiled_for {
+    ($name:ident, $w:expr, $(#[$feature:meta])* $($unsafe:ident)?) => {
+        mod $name {
+            use super::*;
 
-    #[target_feature(enable = "avx2")]
+            $(#[$feature])*
+            #[allow(clippy::too_many_arguments)]
+            pub(super) $($unsafe)? fn group_forward<const D: usize>(
+                q: &[f32],
+                k: &[f32],
+                v: &[f32],
+                mask: Option<&[f32]>,
+                spans: &[(usize, usize)],
+                dims: Dims,
+                scale: f32,
+                y: &mut [f32],
+                p: &mut [f32],
+            ) {
+                super::group_forward::<$w, D>(q, k, v, mask, spans, dims, scale, y, p)
+            }
+
+            $(#[$feature])*
+            #[allow(clippy::too_many_arguments)]
+            pub(super) $($unsafe)? fn group_backward<const D: usize>(
+                q: &[f32],
+                k: &[f32],
+                v: &[f32],
+                p: &[f32],
+                g: &[f32],
+                spans: &[(usize, usize)],
+                dims: Dims,
+                scale: f32,
+                dq: &mut [f32],
+                dk: &mut [f32],
+                dv: &mut [f32],
+            ) {
+                super::group_backward::<$w, D>(q, k, v, p, g, spans, dims, scale, dq, dk, dv)
+            }
+        }
+    };
+}
+
+compiled_for!(portable, 8,);
+#[cfg(target_arch = "x86_64")]
+compiled_for!(avx2, 8, #[target_feature(enable = "avx2")] unsafe);
+
+/// Which compiled kernels run: the widest this CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Path {
+    /// Every path this CPU can run, the widest last.
+    fn available() -> Vec<Path> {
+        #[allow(unused_mut)]
+        let mut paths = vec![Path::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(Path::Avx2);
+            }
+        }
+        paths
+    }
+
+    fn best() -> Path {
+        *Path::available().last().unwrap_or(&Path::Portable)
+    }
+
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn group_forward<const D: usize>(
+    fn group_forward(
+        self,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -373,12 +443,27 @@ mod avx2 {
         y: &mut [f32],
         p: &mut [f32],
     ) {
-        super::group_forward::<D>(q, k, v, mask, spans, dims, scale, y, p)
+        match self {
+            Path::Portable => by_head_dim!(
+                dims.d,
+                portable::group_forward,
+                (q, k, v, mask, spans, dims, scale, y, p)
+            ),
+            // SAFETY: `available` found the instruction set.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => unsafe {
+                by_head_dim!(
+                    dims.d,
+                    avx2::group_forward,
+                    (q, k, v, mask, spans, dims, scale, y, p)
+                )
+            },
+        }
     }
 
-    #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn group_backward<const D: usize>(
+    fn group_backward(
+        self,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -391,24 +476,40 @@ mod avx2 {
         dk: &mut [f32],
         dv: &mut [f32],
     ) {
-        super::group_backward::<D>(q, k, v, p, g, spans, dims, scale, dq, dk, dv)
-    }
-}
-
-fn simd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        match self {
+            Path::Portable => by_head_dim!(
+                dims.d,
+                portable::group_backward,
+                (q, k, v, p, g, spans, dims, scale, dq, dk, dv)
+            ),
+            // SAFETY: `available` found the instruction set.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => unsafe {
+                by_head_dim!(
+                    dims.d,
+                    avx2::group_backward,
+                    (q, k, v, p, g, spans, dims, scale, dq, dk, dv)
+                )
+            },
+        }
     }
 }
 
 /// softmax(q kᵀ · scale + mask) v: the output (b, g, rt, d) and the weights (b, g, rt, s),
 /// exactly 0 on dead columns, that [`backward`] takes.
 pub(crate) fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<&[f32]>,
+    dims: Dims,
+    scale: f32,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
+    forward_on(Path::best(), q, k, v, mask, dims, scale)
+}
+
+fn forward_on(
+    path: Path,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -427,7 +528,6 @@ pub(crate) fn forward(
     if y.is_empty() || p.is_empty() {
         return Ok((y, p));
     }
-    let simd = simd();
     y.par_chunks_mut(rt * d)
         .zip(p.par_chunks_mut(rt * s))
         .enumerate()
@@ -442,15 +542,7 @@ pub(crate) fn forward(
                 mask.map(|m| &m[bi * t * s..][..t * s]),
                 &spans[bi * t..][..t],
             );
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                use avx2::group_forward as f;
-                // SAFETY: simd() checked AVX2.
-                unsafe { by_head_dim!(d, f(q, k, v, mask, spans, dims, scale, y, p)) };
-                return;
-            }
-            let _ = simd;
-            by_head_dim!(d, group_forward(q, k, v, mask, spans, dims, scale, y, p))
+            path.group_forward(q, k, v, mask, spans, dims, scale, y, p)
         });
     Ok((y, p))
 }
@@ -459,6 +551,22 @@ pub(crate) fn forward(
 /// from its weights `p`; `None` for what `wanted` leaves out.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub(crate) fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    p: &[f32],
+    grad: &[f32],
+    mask: Option<&[f32]>,
+    dims: Dims,
+    scale: f32,
+    wanted: [bool; 3],
+) -> Result<[Option<Vec<f32>>; 3], String> {
+    backward_on(Path::best(), q, k, v, p, grad, mask, dims, scale, wanted)
+}
+
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn backward_on(
+    path: Path,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -490,7 +598,6 @@ pub(crate) fn backward(
     let mut dk = vec![0f32; b * g * nk];
     let mut dv = vec![0f32; b * g * nv];
     if b * g * rt * d > 0 && s > 0 {
-        let simd = simd();
         // A group's part of each buffer; empty ones for what is not wanted.
         fn split(x: &mut [f32], n: usize, groups: usize) -> Vec<&mut [f32]> {
             match n {
@@ -517,18 +624,7 @@ pub(crate) fn backward(
                     &grad[bg * rt * d..][..rt * d],
                 );
                 let spans = &spans[bi * t..][..t];
-                #[cfg(target_arch = "x86_64")]
-                if simd {
-                    use avx2::group_backward as f;
-                    // SAFETY: simd() checked AVX2.
-                    unsafe { by_head_dim!(d, f(q, k, v, p, gr, spans, dims, scale, dq, dk, dv)) };
-                    return;
-                }
-                let _ = simd;
-                by_head_dim!(
-                    d,
-                    group_backward(q, k, v, p, gr, spans, dims, scale, dq, dk, dv)
-                )
+                path.group_backward(q, k, v, p, gr, spans, dims, scale, dq, dk, dv)
             });
     }
     let keep = |want: bool, x: Vec<f32>| want.then_some(x);
@@ -727,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn results_are_the_same_bits_on_any_thread_count_and_either_path() {
+    fn results_are_the_same_bits_on_any_thread_count_and_every_path() {
         let (dims, q, k, v, w, m) = case(5);
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -742,48 +838,24 @@ mod tests {
         };
         let one = run(1);
         assert_eq!(one, run(3));
-        // The portable code gives the vectorised path's bits.
-        let mut y = vec![0f32; dims.rt * dims.d];
-        let mut p = vec![0f32; dims.rt * dims.s];
-        let spans = spans(m.as_deref(), dims);
-        let n = dims.s * dims.d;
-        by_head_dim!(
-            dims.d,
-            group_forward(
-                &q[..y.len()],
-                &k[..n],
-                &v[..n],
-                m.as_deref(),
-                &spans,
-                dims,
-                0.125,
-                &mut y,
-                &mut p
-            )
-        );
-        assert_eq!(y[..], one.0[..y.len()]);
-        assert_eq!(p[..], one.1[..p.len()]);
-        let (mut dq, mut dk, mut dv) = (vec![0f32; y.len()], vec![0f32; n], vec![0f32; n]);
-        let gw = &w[..y.len()];
-        by_head_dim!(
-            dims.d,
-            group_backward(
-                &q[..y.len()],
-                &k[..n],
-                &v[..n],
-                &p,
-                gw,
-                &spans,
-                dims,
-                0.125,
-                &mut dq,
-                &mut dk,
-                &mut dv
-            )
-        );
-        assert_eq!(dq[..], one.2[0].as_ref().unwrap()[..y.len()]);
-        assert_eq!(dk[..], one.2[1].as_ref().unwrap()[..n]);
-        assert_eq!(dv[..], one.2[2].as_ref().unwrap()[..n]);
+        // Every compiled path gives the same bits (the portable one and AVX2: the same
+        // operations in the same order, only wider), on every case.
+        for i in 0..CASES.len() {
+            let (dims, q, k, v, w, m) = case(i);
+            let run = |path: Path| {
+                let (y, p) = forward_on(path, &q, &k, &v, m.as_deref(), dims, 0.5).unwrap();
+                let g = backward_on(path, &q, &k, &v, &p, &w, m.as_deref(), dims, 0.5, [true; 3]);
+                (y, p, g.unwrap())
+            };
+            let best = run(Path::best());
+            for path in Path::available() {
+                assert!(
+                    run(path) == best,
+                    "case {i}: {path:?} against {:?}",
+                    Path::best()
+                );
+            }
+        }
     }
 
     #[test]

@@ -303,19 +303,19 @@ impl candle_core::InplaceOp1 for AttentionWeights<'_> {
     }
 }
 
-/// The result an op computed with tensor ops before joining the graph, handed to candle by
-/// its `cpu_fwd` (once).
-fn hand_over(slot: &std::sync::Mutex<Option<Tensor>>, op: &str) -> Result<(CpuStorage, Shape)> {
-    let Some(y) = slot
+/// The result an op computed before joining the graph, handed to candle by its `cpu_fwd`
+/// (once).
+type Handed = std::sync::Mutex<Option<(Vec<f32>, Shape)>>;
+
+fn hand_over(slot: &Handed, op: &str) -> Result<(CpuStorage, Shape)> {
+    let Some((y, shape)) = slot
         .lock()
         .map_err(|_| candle_core::Error::Msg(format!("{op}: poisoned")))?
         .take()
     else {
         bail!("{op}: the op ran twice")
     };
-    let (s, l) = y.storage_and_layout();
-    let ys = tensor_f32s(&s, l, op)?;
-    Ok((CpuStorage::F32(ys.to_vec()), l.shape().clone()))
+    Ok((CpuStorage::F32(y), shape))
 }
 
 /// The whole attention product as one node of the graph, computed row by row over each row's
@@ -328,7 +328,7 @@ struct Attention {
     mask: Option<Tensor>,
     dims: super::attention::Dims,
     /// The result, handed to the graph by `cpu_fwd`.
-    y: std::sync::Mutex<Option<Vec<f32>>>,
+    y: Handed,
     scale: f32,
 }
 
@@ -346,21 +346,13 @@ impl CustomOp3 for Attention {
     fn cpu_fwd(
         &self,
         _q: &CpuStorage,
-        ql: &Layout,
+        _ql: &Layout,
         _k: &CpuStorage,
         _kl: &Layout,
         _v: &CpuStorage,
         _vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let Some(y) = self
-            .y
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("attention: poisoned".into()))?
-            .take()
-        else {
-            bail!("attention: the op ran twice")
-        };
-        Ok((CpuStorage::F32(y), ql.shape().clone()))
+        hand_over(&self.y, "attention")
     }
 
     fn bwd(
@@ -441,7 +433,7 @@ pub(crate) fn attention(
             p,
             mask,
             dims,
-            y: std::sync::Mutex::new(Some(y)),
+            y: std::sync::Mutex::new(Some((y, q.shape().clone()))),
             scale: scale as f32,
         },
     )
@@ -659,8 +651,8 @@ struct LoraLinear {
     /// x's shape (.., in); the result's is (.., out).
     x_dims: Vec<usize>,
     scale: f64,
-    /// The result, handed to the graph (and dropped) by `cpu_fwd`.
-    y: std::sync::Mutex<Option<Tensor>>,
+    /// The result, handed to the graph by `cpu_fwd`.
+    y: Handed,
 }
 
 impl CustomOp3 for LoraLinear {
@@ -755,7 +747,18 @@ pub(crate) fn lora_linear(
     if let Some(last) = out.last_mut() {
         *last = out_dim;
     }
-    let y = (y + delta.affine(scale, 0.0)?)?.reshape(out)?;
+    // y + delta.affine(scale, 0) in one pass, rounded as those two ops.
+    let mul = scale as f32;
+    let y = with_f32s(&y, "lora-linear", |ys| {
+        with_f32s(&delta, "lora-linear", |ds| {
+            Ok(ys
+                .iter()
+                .zip(ds)
+                .map(|(y, d)| y + (d * mul + 0.0))
+                .collect())
+        })
+    })?;
+    let y = (y, Shape::from(out));
     x.apply_op3(
         a,
         b,
