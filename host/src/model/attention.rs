@@ -7,11 +7,16 @@
 //! model, 64 for SmolLM2's) too small for gemm's packing to pay. Here each query row is
 //! computed against the keys its mask leaves live and no others:
 //!
-//! - forward: the scores as `d` row updates over keys stored transposed, the weights by
+//! - forward: the scores against the keys stored transposed (8 columns to a register, 4
+//!   query rows to each load), the weights by
 //!   [`rows::softmax_scaled`](super::rows::softmax_scaled) (the training rounding), then the
 //!   output as a sum of value rows;
-//! - backward, from the kept weights: dp = g · vⱼ, ds = scale · p (dp − Σ p dp), then dq, dk
-//!   and dv as sums of rows.
+//! - backward, from the kept weights: dp = g · vⱼ the same way, ds = scale · p (dp − Σ p dp),
+//!   then dq as a sum of key rows, and each key's and value's gradient row updated once for
+//!   4 query rows.
+//!
+//! The head dimension is compiled in for 16, 32, 64 and 128 (its rows then live in
+//! registers); other sizes take the same code with the size known at run time.
 //!
 //! A column is dead when its mask value is more than 1e8 below the row's largest: its weight
 //! is then e^(−1e8 + score differences), exactly 0 in f32 for any scores under 5e7 in
@@ -178,7 +183,8 @@ fn union<const R: usize>(spans: &[(usize, usize)], r0: usize, t: usize) -> (usiz
     })
 }
 
-/// Runs `f::<R>` over the rows in blocks of R, the last few one at a time.
+/// Runs `$block` for each whole block of BLOCK rows from `$r0`, then `$single` for each row
+/// left over.
 macro_rules! in_blocks {
     ($rows:expr, $r0:ident => $block:expr, $single:expr) => {{
         let mut $r0 = 0;
