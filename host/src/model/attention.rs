@@ -64,6 +64,39 @@ impl Dims {
     }
 }
 
+/// What one group of query heads sharing a key head reads, or (from [`forward`] and
+/// [`backward`]) the whole batch's, which [`Group::part`] slices.
+#[derive(Clone, Copy)]
+struct Group<'a> {
+    /// (rt, d) for one group.
+    q: &'a [f32],
+    /// (s, d) for one group.
+    k: &'a [f32],
+    v: &'a [f32],
+    /// (t, s) for one group's sequence.
+    mask: Option<&'a [f32]>,
+    /// t for one group's sequence: each mask row's live columns.
+    spans: &'a [(usize, usize)],
+    dims: Dims,
+    scale: f32,
+}
+
+impl<'a> Group<'a> {
+    /// Group `bg` (batch bg / g, key head bg mod g) of the whole batch's inputs.
+    fn part(&self, bg: usize) -> Group<'a> {
+        let Dims { g, rt, t, s, d, .. } = self.dims;
+        let bi = bg / g;
+        Group {
+            q: &self.q[bg * rt * d..][..rt * d],
+            k: &self.k[bg * s * d..][..s * d],
+            v: &self.v[bg * s * d..][..s * d],
+            mask: self.mask.map(|m| &m[bi * t * s..][..t * s]),
+            spans: &self.spans[bi * t..][..t],
+            ..*self
+        }
+    }
+}
+
 /// The live columns [lo, hi) of each mask row, (b · t) of them; every column outside is dead
 /// (see the module's notes).
 fn spans(mask: Option<&[f32]>, dims: Dims) -> Vec<(usize, usize)> {
@@ -113,11 +146,11 @@ fn axpy<const D: usize>(acc: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// For each of R rows x_i (of d): out[i · len + j] = Σ_c x_i[c] · xt[c · stride + j], j < len:
-/// rows against the columns of a transposed matrix, W columns at a time (a vector register)
-/// per row across all of x, each column load shared by the R rows. Each output is summed over
-/// c in order, whatever W and R.
+/// rows against the columns of a transposed matrix, LANES columns at a time (an AVX2
+/// register) per row across all of x, each column load shared by the R rows. Each output is
+/// summed over c in order, whatever R.
 #[inline(always)]
-fn rows_times<const W: usize, const D: usize, const R: usize>(
+fn rows_times<const D: usize, const R: usize>(
     out: &mut [f32],
     len: usize,
     x: &[f32],
@@ -128,21 +161,21 @@ fn rows_times<const W: usize, const D: usize, const R: usize>(
     let d = if D > 0 { D } else { d };
     let x = &x[..R * d];
     let mut j0 = 0;
-    while j0 + W <= len {
-        let mut acc = [[0f32; W]; R];
+    while j0 + LANES <= len {
+        let mut acc = [[0f32; LANES]; R];
         for c in 0..d {
-            let col = &xt[c * stride + j0..][..W];
+            let col = &xt[c * stride + j0..][..LANES];
             for (r, acc) in acc.iter_mut().enumerate() {
                 let xc = x[r * d + c];
-                for i in 0..W {
+                for i in 0..LANES {
                     acc[i] += xc * col[i];
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate() {
-            out[r * len + j0..][..W].copy_from_slice(acc);
+            out[r * len + j0..][..LANES].copy_from_slice(acc);
         }
-        j0 += W;
+        j0 += LANES;
     }
     for j in j0..len {
         for r in 0..R {
@@ -202,6 +235,9 @@ macro_rules! in_blocks {
 /// Query rows computed together: their key (and value) loads are shared.
 const BLOCK: usize = 4;
 
+/// Score columns computed together, in one register per query row.
+const LANES: usize = 8;
+
 /// Σ_j w[j] · rows[j] (rows of d) into out (d): the accumulator stays in registers when D > 0.
 #[inline(always)]
 fn weighted_rows<const D: usize>(out: &mut [f32], w: &[f32], rows: &[f32]) {
@@ -242,18 +278,16 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
 /// One group's forward: y (rt, d) and the weights p (rt, s), both zeroed by the caller. `D`
 /// is the head dimension when compiled for it, else 0.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn group_forward<const W: usize, const D: usize>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    mask: Option<&[f32]>,
-    spans: &[(usize, usize)],
-    dims: Dims,
-    scale: f32,
-    y: &mut [f32],
-    p: &mut [f32],
-) {
+fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut [f32]) {
+    let Group {
+        q,
+        k,
+        v,
+        mask,
+        spans,
+        dims,
+        scale,
+    } = group;
     let Dims { rt, d, s, .. } = dims;
     let kt = transposed(k, d);
     let mut scores = vec![0f32; BLOCK * s];
@@ -265,7 +299,7 @@ fn group_forward<const W: usize, const D: usize>(
             let r0 = $r0;
             let (lo, hi) = union::<R>(spans, r0, dims.t);
             let len = hi - lo;
-            rows_times::<W, D, R>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s);
+            rows_times::<D, R>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s);
             for i in 0..R {
                 let r = r0 + i;
                 let tr = r % dims.t;
@@ -281,23 +315,26 @@ fn group_forward<const W: usize, const D: usize>(
     in_blocks!(rt, r0 => rows!(r0, BLOCK), rows!(r0, 1));
 }
 
-/// One group's backward from its kept weights: adds into dq (rt, d), dk and dv (s, d), zeroed
-/// by the caller; an empty one is not wanted.
+/// One group's backward from its kept weights p (rt, s) and the output's gradient g (rt, d):
+/// adds into dq (rt, d), dk and dv (s, d), zeroed by the caller; an empty one is not wanted.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn group_backward<const W: usize, const D: usize>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+fn group_backward<const D: usize>(
+    group: Group,
     p: &[f32],
     g: &[f32],
-    spans: &[(usize, usize)],
-    dims: Dims,
-    scale: f32,
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
+    let Group {
+        q,
+        k,
+        v,
+        spans,
+        dims,
+        scale,
+        ..
+    } = group;
     let Dims { rt, t, s, d, .. } = dims;
     let scores_wanted = !dq.is_empty() || !dk.is_empty();
     let vt = if scores_wanted {
@@ -321,7 +358,7 @@ fn group_backward<const W: usize, const D: usize>(
                 }
             }
             if scores_wanted {
-                rows_times::<W, D, R>(&mut ds, len, &g[r0 * d..], d, &vt[lo..], s);
+                rows_times::<D, R>(&mut ds, len, &g[r0 * d..], d, &vt[lo..], s);
                 for i in 0..R {
                     let r = r0 + i;
                     let (l, h) = spans[r % t];
@@ -363,52 +400,39 @@ macro_rules! by_head_dim {
     };
 }
 
-/// The kernels compiled for one instruction set: `W` columns to a register.
+/// The kernels compiled for one instruction set.
 macro_rules! compiled_for {
-    ($name:ident, $w:expr, $(#[$feature:meta])* $($unsafe:ident)?) => {
+    ($name:ident, $(#[$feature:meta])* $($unsafe:ident)?) => {
         mod $name {
             use super::*;
 
             $(#[$feature])*
-            #[allow(clippy::too_many_arguments)]
             pub(super) $($unsafe)? fn group_forward<const D: usize>(
-                q: &[f32],
-                k: &[f32],
-                v: &[f32],
-                mask: Option<&[f32]>,
-                spans: &[(usize, usize)],
-                dims: Dims,
-                scale: f32,
+                group: Group,
                 y: &mut [f32],
                 p: &mut [f32],
             ) {
-                super::group_forward::<$w, D>(q, k, v, mask, spans, dims, scale, y, p)
+                super::group_forward::<D>(group, y, p)
             }
 
             $(#[$feature])*
-            #[allow(clippy::too_many_arguments)]
             pub(super) $($unsafe)? fn group_backward<const D: usize>(
-                q: &[f32],
-                k: &[f32],
-                v: &[f32],
+                group: Group,
                 p: &[f32],
                 g: &[f32],
-                spans: &[(usize, usize)],
-                dims: Dims,
-                scale: f32,
                 dq: &mut [f32],
                 dk: &mut [f32],
                 dv: &mut [f32],
             ) {
-                super::group_backward::<$w, D>(q, k, v, p, g, spans, dims, scale, dq, dk, dv)
+                super::group_backward::<D>(group, p, g, dq, dk, dv)
             }
         }
     };
 }
 
-compiled_for!(portable, 8,);
+compiled_for!(portable,);
 #[cfg(target_arch = "x86_64")]
-compiled_for!(avx2, 8, #[target_feature(enable = "avx2")] unsafe);
+compiled_for!(avx2, #[target_feature(enable = "avx2")] unsafe);
 
 /// Which compiled kernels run: the widest this CPU has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -436,66 +460,34 @@ impl Path {
         *Path::available().last().unwrap_or(&Path::Portable)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn group_forward(
-        self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        mask: Option<&[f32]>,
-        spans: &[(usize, usize)],
-        dims: Dims,
-        scale: f32,
-        y: &mut [f32],
-        p: &mut [f32],
-    ) {
+    fn group_forward(self, group: Group, y: &mut [f32], p: &mut [f32]) {
+        let d = group.dims.d;
         match self {
-            Path::Portable => by_head_dim!(
-                dims.d,
-                portable::group_forward,
-                (q, k, v, mask, spans, dims, scale, y, p)
-            ),
+            Path::Portable => by_head_dim!(d, portable::group_forward, (group, y, p)),
             // SAFETY: `available` found the instruction set.
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => unsafe {
-                by_head_dim!(
-                    dims.d,
-                    avx2::group_forward,
-                    (q, k, v, mask, spans, dims, scale, y, p)
-                )
-            },
+            Path::Avx2 => unsafe { by_head_dim!(d, avx2::group_forward, (group, y, p)) },
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn group_backward(
         self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        group: Group,
         p: &[f32],
         g: &[f32],
-        spans: &[(usize, usize)],
-        dims: Dims,
-        scale: f32,
         dq: &mut [f32],
         dk: &mut [f32],
         dv: &mut [f32],
     ) {
+        let d = group.dims.d;
         match self {
-            Path::Portable => by_head_dim!(
-                dims.d,
-                portable::group_backward,
-                (q, k, v, p, g, spans, dims, scale, dq, dk, dv)
-            ),
+            Path::Portable => {
+                by_head_dim!(d, portable::group_backward, (group, p, g, dq, dk, dv))
+            }
             // SAFETY: `available` found the instruction set.
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => unsafe {
-                by_head_dim!(
-                    dims.d,
-                    avx2::group_backward,
-                    (q, k, v, p, g, spans, dims, scale, dq, dk, dv)
-                )
+                by_head_dim!(d, avx2::group_backward, (group, p, g, dq, dk, dv))
             },
         }
     }
@@ -527,8 +519,17 @@ fn forward_on(
     if v.len() != k.len() {
         return Err(format!("v holds {} values, k {}", v.len(), k.len()));
     }
-    let Dims { b, g, rt, t, s, d } = dims;
+    let Dims { b, g, rt, s, d, .. } = dims;
     let spans = spans(mask, dims);
+    let all = Group {
+        q,
+        k,
+        v,
+        mask,
+        spans: &spans,
+        dims,
+        scale,
+    };
     let mut y = vec![0f32; b * g * rt * d];
     let mut p = vec![0f32; b * g * rt * s];
     if y.is_empty() || p.is_empty() {
@@ -537,19 +538,7 @@ fn forward_on(
     y.par_chunks_mut(rt * d)
         .zip(p.par_chunks_mut(rt * s))
         .enumerate()
-        .for_each(|(bg, (y, p))| {
-            let bi = bg / g;
-            let (q, k, v) = (
-                &q[bg * rt * d..][..rt * d],
-                &k[bg * s * d..][..s * d],
-                &v[bg * s * d..][..s * d],
-            );
-            let (mask, spans) = (
-                mask.map(|m| &m[bi * t * s..][..t * s]),
-                &spans[bi * t..][..t],
-            );
-            path.group_forward(q, k, v, mask, spans, dims, scale, y, p)
-        });
+        .for_each(|(bg, (y, p))| path.group_forward(all.part(bg), y, p));
     Ok((y, p))
 }
 
@@ -584,7 +573,7 @@ fn backward_on(
     wanted: [bool; 3],
 ) -> Result<[Option<Vec<f32>>; 3], String> {
     dims.check(q.len(), k.len(), mask.map(<[f32]>::len))?;
-    let Dims { b, g, rt, t, s, d } = dims;
+    let Dims { b, g, rt, s, d, .. } = dims;
     if v.len() != k.len() || grad.len() != q.len() || p.len() != b * g * rt * s {
         return Err(format!(
             "v ({}), the gradient ({}) or the weights ({}) do not match {dims:?}",
@@ -594,6 +583,15 @@ fn backward_on(
         ));
     }
     let spans = spans(mask, dims);
+    let all = Group {
+        q,
+        k,
+        v,
+        mask,
+        spans: &spans,
+        dims,
+        scale,
+    };
     let size = |want: bool, n: usize| if want { n } else { 0 };
     let (nq, nk, nv) = (
         size(wanted[0], rt * d),
@@ -621,16 +619,8 @@ fn backward_on(
             .zip(dvs)
             .enumerate()
             .for_each(|(bg, ((dq, dk), dv))| {
-                let bi = bg / g;
-                let (q, k, v, p, gr) = (
-                    &q[bg * rt * d..][..rt * d],
-                    &k[bg * s * d..][..s * d],
-                    &v[bg * s * d..][..s * d],
-                    &p[bg * rt * s..][..rt * s],
-                    &grad[bg * rt * d..][..rt * d],
-                );
-                let spans = &spans[bi * t..][..t];
-                path.group_backward(q, k, v, p, gr, spans, dims, scale, dq, dk, dv)
+                let (p, g) = (&p[bg * rt * s..][..rt * s], &grad[bg * rt * d..][..rt * d]);
+                path.group_backward(all.part(bg), p, g, dq, dk, dv)
             });
     }
     let keep = |want: bool, x: Vec<f32>| want.then_some(x);

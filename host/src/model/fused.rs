@@ -332,10 +332,23 @@ struct Attention {
     scale: f32,
 }
 
-/// The contiguous f32 values of a CPU tensor, for a closure.
-fn with_f32s<R>(x: &Tensor, op: &str, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
-    let (s, l) = x.storage_and_layout();
-    f(tensor_f32s(&s, l, op)?)
+/// A CPU tensor's storage, read-locked, and its layout: [`Read::f32s`] gives its values.
+struct Read<'a>(candle_core::StorageRef<'a>, &'a Layout);
+
+impl<'a> Read<'a> {
+    fn new(x: &'a Tensor) -> Read<'a> {
+        let (s, l) = x.storage_and_layout();
+        Read(s, l)
+    }
+
+    /// The values, if contiguous f32 on the CPU; `what` names the tensor in the error.
+    fn f32s(&self, what: &str) -> Result<&[f32]> {
+        tensor_f32s(&self.0, self.1, what)
+    }
+}
+
+fn attention_error(e: String) -> candle_core::Error {
+    candle_core::Error::Msg(format!("attention: {e}"))
 }
 
 impl CustomOp3 for Attention {
@@ -368,25 +381,23 @@ impl CustomOp3 for Attention {
             return Ok((None, None, None));
         }
         let g = g.contiguous()?;
-        let grads = with_f32s(q, "attention q", |qs| {
-            with_f32s(k, "attention k", |ks| {
-                with_f32s(v, "attention v", |vs| {
-                    with_f32s(&g, "attention gradient", |gs| {
-                        let run = |ms: Option<&[f32]>| {
-                            super::attention::backward(
-                                qs, ks, vs, &self.p, gs, ms, self.dims, self.scale, wanted,
-                            )
-                            .map_err(|e| candle_core::Error::Msg(format!("attention: {e}")))
-                        };
-                        match &self.mask {
-                            Some(m) => with_f32s(m, "attention mask", |ms| run(Some(ms))),
-                            None => run(None),
-                        }
-                    })
-                })
-            })
-        })?;
-        let [dq, dk, dv] = grads;
+        let [dq, dk, dv] = {
+            let (qr, kr, vr, gr) = (Read::new(q), Read::new(k), Read::new(v), Read::new(&g));
+            let mr = self.mask.as_ref().map(Read::new);
+            let ms = mr.as_ref().map(|m| m.f32s("attention mask")).transpose()?;
+            super::attention::backward(
+                qr.f32s("attention q")?,
+                kr.f32s("attention k")?,
+                vr.f32s("attention v")?,
+                &self.p,
+                gr.f32s("attention gradient")?,
+                ms,
+                self.dims,
+                self.scale,
+                wanted,
+            )
+            .map_err(attention_error)?
+        };
         let wrap = |x: Option<Vec<f32>>, like: &Tensor| -> Result<Option<Tensor>> {
             x.map(|x| Tensor::from_vec(x, like.shape(), like.device()))
                 .transpose()
@@ -412,20 +423,20 @@ pub(crate) fn attention(
     let (b, g, rt, d) = q.dims4()?;
     let s = k.dim(2)?;
     let dims = super::attention::Dims { b, g, rt, t, s, d };
-    let (y, p) = with_f32s(&q, "attention q", |qs| {
-        with_f32s(&k, "attention k", |ks| {
-            with_f32s(&v, "attention v", |vs| {
-                let run = |ms: Option<&[f32]>| {
-                    super::attention::forward(qs, ks, vs, ms, dims, scale as f32)
-                        .map_err(|e| candle_core::Error::Msg(format!("attention: {e}")))
-                };
-                match &mask {
-                    Some(m) => with_f32s(m, "attention mask", |ms| run(Some(ms))),
-                    None => run(None),
-                }
-            })
-        })
-    })?;
+    let (y, p) = {
+        let (qr, kr, vr) = (Read::new(&q), Read::new(&k), Read::new(&v));
+        let mr = mask.as_ref().map(Read::new);
+        let ms = mr.as_ref().map(|m| m.f32s("attention mask")).transpose()?;
+        super::attention::forward(
+            qr.f32s("attention q")?,
+            kr.f32s("attention k")?,
+            vr.f32s("attention v")?,
+            ms,
+            dims,
+            scale as f32,
+        )
+        .map_err(attention_error)?
+    };
     q.apply_op3(
         &k,
         &v,
@@ -749,15 +760,14 @@ pub(crate) fn lora_linear(
     }
     // y + delta.affine(scale, 0) in one pass, rounded as those two ops.
     let mul = scale as f32;
-    let y = with_f32s(&y, "lora-linear", |ys| {
-        with_f32s(&delta, "lora-linear", |ds| {
-            Ok(ys
-                .iter()
-                .zip(ds)
-                .map(|(y, d)| y + (d * mul + 0.0))
-                .collect())
-        })
-    })?;
+    let y = {
+        let (yr, dr) = (Read::new(&y), Read::new(&delta));
+        let (ys, ds) = (yr.f32s("lora-linear")?, dr.f32s("lora-linear")?);
+        ys.iter()
+            .zip(ds)
+            .map(|(y, d)| y + (d * mul + 0.0))
+            .collect()
+    };
     let y = (y, Shape::from(out));
     x.apply_op3(
         a,
