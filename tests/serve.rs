@@ -801,3 +801,86 @@ fn a_client_that_stops_reading_cannot_hold_up_shutdown() {
     );
     drop(stalled);
 }
+
+/// A server's debates (seated views of one team) are the same for the same seed whatever
+/// was asked before or beside them. Each seat shares prompt prefixes within its own
+/// debate only: a prefix another request left in a shared cache would be reused where it
+/// was computed whole the first time, and change the rounding of the log-probs (and at
+/// times a sampled token). A learner's recorded log-probs show the rounding.
+#[test]
+fn a_seated_debate_does_not_depend_on_what_was_asked_before() {
+    use maporl::debate::{Request, Team};
+    use maporl::model::{Lora, LoraConfig, ValueHead};
+    use maporl::transcript::{ChatMessage, Role};
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_qwen2(&model);
+    let config = write_config(dir.path(), &model, "");
+    let config = maporl::config::Config::load(&config, &[]).unwrap();
+    assert!(
+        config.generation.prefix_cache_mib > 0,
+        "the cache should be on"
+    );
+    let mut team = maporl::session::load_team(&config).unwrap();
+    for a in 0..2 {
+        let agent = team.agent_mut(a);
+        let targets = ["q_proj", "v_proj"].map(String::from).to_vec();
+        let cfg = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: targets,
+        };
+        agent.lora = Some(Lora::new(&agent.base, cfg, 5 + a as u64).unwrap());
+        let hidden = agent.base.config().hidden_size;
+        let device = candle_core::Device::Cpu;
+        let head = ValueHead::new(hidden, candle_core::DType::F32, &device, 7).unwrap();
+        agent.value_head = Some(head);
+    }
+    let user = |q: &str| ChatMessage {
+        role: Role::User,
+        content: q.to_string(),
+    };
+    let first = [user("What is 12 + 30? Answer with a number.")];
+    // Another conversation that extends the first one's prompt.
+    let longer = [
+        first[0].clone(),
+        ChatMessage {
+            role: Role::Assistant,
+            content: "42".into(),
+        },
+        user("Are you sure? Check again."),
+    ];
+    let ask = |messages: &'static [ChatMessage], agent: u32| Request {
+        task: "t",
+        agent,
+        messages,
+    };
+    let first: &'static [ChatMessage] = Box::leak(Box::new(first));
+    let longer: &'static [ChatMessage] = Box::leak(Box::new(longer));
+    let debate = |team: &maporl::debate::ModelTeam, seed: u64, m: &'static [ChatMessage]| {
+        let mut seat = team.seated(seed);
+        let responses = seat.respond(1, &[ask(m, 0), ask(m, 1)]).unwrap();
+        responses
+            .into_iter()
+            .map(|r| {
+                let trace = r.ids.policy.expect("a learner records its log-probs");
+                (r.text, r.ids.response, trace.logprobs, trace.values)
+            })
+            .collect::<Vec<_>>()
+    };
+    let alone = debate(&team, 4, first);
+    // Other requests first, then the same one again: the same answer, bit for bit.
+    debate(&team, 9, longer);
+    debate(&team, 5, first);
+    assert_eq!(debate(&team, 4, first), alone, "after other debates");
+    // And beside another seat's debate.
+    let beside = std::thread::scope(|s| {
+        let other = s.spawn(|| debate(&team, 11, longer));
+        let mine = debate(&team, 4, first);
+        other.join().unwrap();
+        mine
+    });
+    assert_eq!(beside, alone, "beside another debate");
+}

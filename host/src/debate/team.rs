@@ -48,6 +48,8 @@ pub struct ModelTeam {
     trace_paired: bool,
     /// The generation prefix cache (`generation.prefix_cache_mib`); `None` when off.
     prefixes: Option<Mutex<PrefixCache>>,
+    /// Its budget, which each [`Seated`] view's own cache gets too.
+    prefix_cache_bytes: usize,
 }
 
 /// Sampling and batching of a [`ModelTeam`].
@@ -128,8 +130,8 @@ impl ModelTeam {
             trace_paired: false,
             max_new_tokens: opts.max_new_tokens,
             batch_size: opts.batch_size.max(1),
-            prefixes: (opts.prefix_cache_bytes > 0)
-                .then(|| Mutex::new(PrefixCache::new(opts.prefix_cache_bytes))),
+            prefixes: new_prefix_cache(opts.prefix_cache_bytes),
+            prefix_cache_bytes: opts.prefix_cache_bytes,
         })
     }
 
@@ -203,13 +205,16 @@ impl ModelTeam {
     /// The team with random streams of its own, seeded by `seed` (agent i's is the stream
     /// a team loaded with that seed gives agent i): any number of seated views of one team
     /// can debate at the same time (a server's requests), each giving the same debate for the
-    /// same seed whatever the others do.
+    /// same seed whatever the others do, before or beside it. So each view has a prefix cache
+    /// of its own (with the team's budget), emptied with it: its prompts share prefixes
+    /// with its own earlier prompts only, and its generation waits on no other view's.
     pub fn seated(&self, seed: u64) -> Seated<'_> {
         Seated {
             team: self,
             samplers: (0..self.members.len())
                 .map(|a| agent_sampler(self.sampling[a], seed, a))
                 .collect(),
+            prefixes: new_prefix_cache(self.prefix_cache_bytes),
         }
     }
 
@@ -235,6 +240,7 @@ impl ModelTeam {
     fn respond_together(
         &self,
         samplers: &mut [Sampler],
+        prefixes: Option<&Mutex<PrefixCache>>,
         turn: u32,
         adapted: bool,
         asks: &[(usize, Vec<Request<'_>>)],
@@ -330,7 +336,7 @@ impl ModelTeam {
                     sampler,
                 });
             }
-            let generations = match self.prefix_cache() {
+            let generations = match prefixes {
                 Some(p) => model::generate_sharing(&mut speakers, &opts, &mut lock(p))?,
                 None => model::generate_together(&mut speakers, &opts)?,
             };
@@ -357,15 +363,16 @@ impl ModelTeam {
         Ok(out)
     }
 
-    /// The generation prefix cache, when it is on and can serve this team: not while an
-    /// agent fine-tunes its base's own weights, which the cache's keys do not follow.
-    fn prefix_cache(&self) -> Option<&Mutex<PrefixCache>> {
+    /// `cache` (the team's generation prefix cache or a seated view's), when it is on and
+    /// can serve this team: not while an agent fine-tunes its base's own weights, which the
+    /// cache's keys do not follow.
+    fn usable<'c>(&self, cache: &'c Option<Mutex<PrefixCache>>) -> Option<&'c Mutex<PrefixCache>> {
         let full = self
             .members
             .iter()
             .flatten()
             .any(|m| !m.agent.weights.is_empty());
-        self.prefixes.as_ref().filter(|_| !full)
+        cache.as_ref().filter(|_| !full)
     }
 
     /// Empties the prefix cache (what it served so far is still counted).
@@ -471,6 +478,7 @@ impl ModelTeam {
     fn respond_with(
         &self,
         samplers: &mut [Sampler],
+        prefixes: Option<&Mutex<PrefixCache>>,
         turn: u32,
         requests: &[Request<'_>],
     ) -> anyhow::Result<Vec<Response>> {
@@ -502,7 +510,7 @@ impl ModelTeam {
                 .iter()
                 .map(|&a| (a, by_agent[a].iter().map(|&i| requests[i]).collect()))
                 .collect();
-            let answers = self.respond_together(samplers, turn, adapted, &asks)?;
+            let answers = self.respond_together(samplers, prefixes, turn, adapted, &asks)?;
             for (&a, responses) in group.iter().zip(answers) {
                 for (&i, r) in by_agent[a].iter().zip(responses) {
                     out[i] = Some(r);
@@ -740,7 +748,7 @@ impl Team for ModelTeam {
 
     fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         let mut samplers = std::mem::take(&mut self.samplers);
-        let out = self.respond_with(&mut samplers, turn, requests);
+        let out = self.respond_with(&mut samplers, self.usable(&self.prefixes), turn, requests);
         self.samplers = samplers;
         out
     }
@@ -750,6 +758,8 @@ impl Team for ModelTeam {
 pub struct Seated<'a> {
     team: &'a ModelTeam,
     samplers: Vec<Sampler>,
+    /// This view's own prefix cache (see [`ModelTeam::seated`]).
+    prefixes: Option<Mutex<PrefixCache>>,
 }
 
 impl Team for Seated<'_> {
@@ -758,8 +768,15 @@ impl Team for Seated<'_> {
     }
 
     fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
-        self.team.respond_with(&mut self.samplers, turn, requests)
+        let prefixes = self.team.usable(&self.prefixes);
+        self.team
+            .respond_with(&mut self.samplers, prefixes, turn, requests)
     }
+}
+
+/// A generation prefix cache of `bytes` (none for 0).
+fn new_prefix_cache(bytes: usize) -> Option<Mutex<PrefixCache>> {
+    (bytes > 0).then(|| Mutex::new(PrefixCache::new(bytes)))
 }
 
 /// Agent `agent`'s sampler in a team seeded with `seed`.
