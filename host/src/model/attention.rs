@@ -15,6 +15,10 @@
 //!   then dq as a sum of key rows, and each key's and value's gradient row updated once for
 //!   4 query rows.
 //!
+//! The weights kept for backward ([`Weights`]) are each block of 4 query rows' weights over
+//! the union of their live columns, and nothing else: under a causal mask about half of the
+//! (t, s) matrix, written once (no zeroed buffer first).
+//!
 //! The head dimension is compiled in for 16, 32, 64 and 128 (its rows then live in
 //! registers); other sizes take the same code with the size known at run time.
 //!
@@ -95,6 +99,66 @@ impl<'a> Group<'a> {
             ..*self
         }
     }
+}
+
+/// The attention weights that [`forward`] keeps for [`backward`]: for each group of query
+/// heads, in order, each block of query rows' weights over the union [lo, hi) of the rows'
+/// live columns, (rows, hi − lo) row-major, 0 outside a row's own live columns. Blocks are
+/// BLOCK rows, then single rows for what is left over, as the kernels walk them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Weights {
+    groups: Vec<Vec<f32>>,
+    /// The live columns of each mask row, as forward found them.
+    spans: Vec<(usize, usize)>,
+    dims: Dims,
+}
+
+impl Weights {
+    /// The values held, over all groups.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
+
+    /// The whole (b, g, rt, s) matrix, 0 on every column not kept.
+    #[cfg(test)]
+    fn dense(&self) -> Vec<f32> {
+        let Dims { g, rt, t, s, .. } = self.dims;
+        let mut out = vec![0f32; self.groups.len() * rt * s];
+        for (bg, kept) in self.groups.iter().enumerate() {
+            let spans = &self.spans[bg / g * t..][..t];
+            let mut at = 0;
+            for (r0, rows) in blocks(rt) {
+                let (lo, hi) = union(spans, r0, rows, t);
+                for i in 0..rows {
+                    let row = &kept[at + i * (hi - lo)..][..hi - lo];
+                    out[(bg * rt + r0 + i) * s + lo..][..hi - lo].copy_from_slice(row);
+                }
+                at += rows * (hi - lo);
+            }
+        }
+        out
+    }
+}
+
+/// The blocks of query rows the kernels walk, (first row, rows): BLOCK rows at a time, then
+/// one at a time.
+fn blocks(rt: usize) -> impl Iterator<Item = (usize, usize)> {
+    let whole = rt / BLOCK * BLOCK;
+    (0..whole)
+        .step_by(BLOCK)
+        .map(|r0| (r0, BLOCK))
+        .chain((whole..rt).map(|r0| (r0, 1)))
+}
+
+/// The values one group's kept weights hold for a sequence's `spans`.
+fn kept_len(spans: &[(usize, usize)], rt: usize, t: usize) -> usize {
+    blocks(rt)
+        .map(|(r0, rows)| {
+            let (lo, hi) = union(spans, r0, rows, t);
+            rows * (hi - lo)
+        })
+        .sum()
 }
 
 /// The live columns [lo, hi) of each mask row, (b · t) of them; every column outside is dead
@@ -207,10 +271,10 @@ fn add_rows<const D: usize, const R: usize>(row: &mut [f32], w: &[f32; R], xs: &
     }
 }
 
-/// The union [lo, hi) of R consecutive rows' live spans, from row r0.
+/// The union [lo, hi) of `rows` consecutive query rows' live spans, from row r0.
 #[inline(always)]
-fn union<const R: usize>(spans: &[(usize, usize)], r0: usize, t: usize) -> (usize, usize) {
-    (0..R).fold((usize::MAX, 0), |(lo, hi), i| {
+fn union(spans: &[(usize, usize)], r0: usize, rows: usize, t: usize) -> (usize, usize) {
+    (0..rows).fold((usize::MAX, 0), |(lo, hi), i| {
         let (l, h) = spans[(r0 + i) % t];
         (lo.min(l), hi.max(h))
     })
@@ -275,10 +339,10 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
     sum
 }
 
-/// One group's forward: y (rt, d) and the weights p (rt, s), both zeroed by the caller. `D`
-/// is the head dimension when compiled for it, else 0.
+/// One group's forward: y (rt, d), zeroed by the caller, and the kept weights appended to
+/// `p` (see [`Weights`]). `D` is the head dimension when compiled for it, else 0.
 #[inline(always)]
-fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut [f32]) {
+fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut Vec<f32>) {
     let Group {
         q,
         k,
@@ -297,26 +361,30 @@ fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut [f32]) {
         ($r0:expr, $r:expr) => {{
             const R: usize = $r;
             let r0 = $r0;
-            let (lo, hi) = union::<R>(spans, r0, dims.t);
+            let (lo, hi) = union(spans, r0, R, dims.t);
             let len = hi - lo;
             rows_times::<D, R>(&mut scores, len, &q[r0 * d..], d, &kt[lo..], s);
             for i in 0..R {
                 let r = r0 + i;
                 let tr = r % dims.t;
                 let (l, h) = spans[tr];
-                let live = &mut p[r * s + l..r * s + h];
-                live.copy_from_slice(&scores[i * len + l - lo..i * len + h - lo]);
+                let row = &mut scores[i * len..(i + 1) * len];
+                let live = &mut row[l - lo..h - lo];
                 let mr = mask.map(|m| &m[tr * s + l..tr * s + h]);
                 super::rows::softmax_scaled(live, mr, scale);
                 weighted_rows::<D>(&mut y[r * d..][..d], live, &v[l * d..h * d]);
+                row[..l - lo].fill(0.0);
+                row[h - lo..].fill(0.0);
             }
+            p.extend_from_slice(&scores[..R * len]);
         }};
     }
     in_blocks!(rt, r0 => rows!(r0, BLOCK), rows!(r0, 1));
 }
 
-/// One group's backward from its kept weights p (rt, s) and the output's gradient g (rt, d):
-/// adds into dq (rt, d), dk and dv (s, d), zeroed by the caller; an empty one is not wanted.
+/// One group's backward from its kept weights p (see [`Weights`]) and the output's gradient
+/// g (rt, d): adds into dq (rt, d), dk and dv (s, d), zeroed by the caller; an empty one is
+/// not wanted.
 #[inline(always)]
 fn group_backward<const D: usize>(
     group: Group,
@@ -336,6 +404,7 @@ fn group_backward<const D: usize>(
         ..
     } = group;
     let Dims { rt, t, s, d, .. } = dims;
+    debug_assert_eq!(p.len(), kept_len(spans, rt, t));
     let scores_wanted = !dq.is_empty() || !dk.is_empty();
     let vt = if scores_wanted {
         transposed(v, d)
@@ -343,17 +412,21 @@ fn group_backward<const D: usize>(
         Vec::new()
     };
     let mut ds = vec![0f32; BLOCK * s];
+    // Where the current block's weights start in p.
+    let mut at = 0;
     // Rows r0.. (R of them) over the union [lo, hi) of their spans; outside its own span a
     // row's weights are 0 (kept so by forward) and so is its ds (set so here).
     macro_rules! rows {
         ($r0:expr, $r:expr) => {{
             const R: usize = $r;
             let r0 = $r0;
-            let (lo, hi) = union::<R>(spans, r0, t);
+            let (lo, hi) = union(spans, r0, R, t);
             let len = hi - lo;
+            let p = &p[at..at + R * len];
+            at += R * len;
             if !dv.is_empty() {
                 for j in 0..len {
-                    let w: [f32; R] = std::array::from_fn(|i| p[(r0 + i) * s + lo + j]);
+                    let w: [f32; R] = std::array::from_fn(|i| p[i * len + j]);
                     add_rows::<D, R>(&mut dv[(lo + j) * d..][..d], &w, &g[r0 * d..]);
                 }
             }
@@ -363,7 +436,8 @@ fn group_backward<const D: usize>(
                     let r = r0 + i;
                     let (l, h) = spans[r % t];
                     let row = &mut ds[i * len..(i + 1) * len];
-                    let (pr, live) = (&p[r * s + l..r * s + h], &mut row[l - lo..h - lo]);
+                    let pr = &p[i * len + l - lo..i * len + h - lo];
+                    let live = &mut row[l - lo..h - lo];
                     let sum = dot(pr, live);
                     for (x, &pj) in live.iter_mut().zip(pr) {
                         *x = scale * pj * (*x - sum);
@@ -410,7 +484,7 @@ macro_rules! compiled_for {
             pub(super) $($unsafe)? fn group_forward<const D: usize>(
                 group: Group,
                 y: &mut [f32],
-                p: &mut [f32],
+                p: &mut Vec<f32>,
             ) {
                 super::group_forward::<D>(group, y, p)
             }
@@ -460,7 +534,7 @@ impl Path {
         *Path::available().last().unwrap_or(&Path::Portable)
     }
 
-    fn group_forward(self, group: Group, y: &mut [f32], p: &mut [f32]) {
+    fn group_forward(self, group: Group, y: &mut [f32], p: &mut Vec<f32>) {
         let d = group.dims.d;
         match self {
             Path::Portable => by_head_dim!(d, portable::group_forward, (group, y, p)),
@@ -493,8 +567,8 @@ impl Path {
     }
 }
 
-/// softmax(q kᵀ · scale + mask) v: the output (b, g, rt, d) and the weights (b, g, rt, s),
-/// exactly 0 on dead columns, that [`backward`] takes.
+/// softmax(q kᵀ · scale + mask) v: the output (b, g, rt, d) and the weights over the live
+/// columns that [`backward`] takes.
 pub(crate) fn forward(
     q: &[f32],
     k: &[f32],
@@ -502,7 +576,7 @@ pub(crate) fn forward(
     mask: Option<&[f32]>,
     dims: Dims,
     scale: f32,
-) -> Result<(Vec<f32>, Vec<f32>), String> {
+) -> Result<(Vec<f32>, Weights), String> {
     forward_on(Path::best(), q, k, v, mask, dims, scale)
 }
 
@@ -514,12 +588,12 @@ fn forward_on(
     mask: Option<&[f32]>,
     dims: Dims,
     scale: f32,
-) -> Result<(Vec<f32>, Vec<f32>), String> {
+) -> Result<(Vec<f32>, Weights), String> {
     dims.check(q.len(), k.len(), mask.map(<[f32]>::len))?;
     if v.len() != k.len() {
         return Err(format!("v holds {} values, k {}", v.len(), k.len()));
     }
-    let Dims { b, g, rt, s, d, .. } = dims;
+    let Dims { b, g, rt, t, s, d } = dims;
     let spans = spans(mask, dims);
     let all = Group {
         q,
@@ -531,32 +605,37 @@ fn forward_on(
         scale,
     };
     let mut y = vec![0f32; b * g * rt * d];
-    let mut p = vec![0f32; b * g * rt * s];
-    if y.is_empty() || p.is_empty() {
-        return Ok((y, p));
+    let mut groups: Vec<Vec<f32>> = (0..b * g)
+        .map(|bg| Vec::with_capacity(kept_len(&spans[bg / g * t..][..t], rt, t)))
+        .collect();
+    if !y.is_empty() && s > 0 {
+        y.par_chunks_mut(rt * d)
+            .zip(groups.par_iter_mut())
+            .enumerate()
+            .for_each(|(bg, (y, p))| path.group_forward(all.part(bg), y, p));
     }
-    y.par_chunks_mut(rt * d)
-        .zip(p.par_chunks_mut(rt * s))
-        .enumerate()
-        .for_each(|(bg, (y, p))| path.group_forward(all.part(bg), y, p));
-    Ok((y, p))
+    Ok((
+        y,
+        Weights {
+            groups,
+            spans,
+            dims,
+        },
+    ))
 }
 
 /// The gradients of [`forward`]'s output (its gradient `grad`) with respect to q, k and v,
-/// from its weights `p`; `None` for what `wanted` leaves out.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+/// from the weights `p` it kept; `None` for what `wanted` leaves out.
 pub(crate) fn backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    p: &[f32],
+    p: &Weights,
     grad: &[f32],
-    mask: Option<&[f32]>,
-    dims: Dims,
     scale: f32,
     wanted: [bool; 3],
 ) -> Result<[Option<Vec<f32>>; 3], String> {
-    backward_on(Path::best(), q, k, v, p, grad, mask, dims, scale, wanted)
+    backward_on(Path::best(), q, k, v, p, grad, scale, wanted)
 }
 
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -565,30 +644,35 @@ fn backward_on(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    p: &[f32],
+    p: &Weights,
     grad: &[f32],
-    mask: Option<&[f32]>,
-    dims: Dims,
     scale: f32,
     wanted: [bool; 3],
 ) -> Result<[Option<Vec<f32>>; 3], String> {
-    dims.check(q.len(), k.len(), mask.map(<[f32]>::len))?;
-    let Dims { b, g, rt, s, d, .. } = dims;
-    if v.len() != k.len() || grad.len() != q.len() || p.len() != b * g * rt * s {
+    let dims = p.dims;
+    dims.check(q.len(), k.len(), None)?;
+    let Dims { b, g, rt, t, s, d } = dims;
+    if v.len() != k.len() || grad.len() != q.len() {
         return Err(format!(
-            "v ({}), the gradient ({}) or the weights ({}) do not match {dims:?}",
+            "v ({}) or the gradient ({}) do not match {dims:?}",
             v.len(),
             grad.len(),
-            p.len()
         ));
     }
-    let spans = spans(mask, dims);
+    let spans = &p.spans;
+    if spans.len() != b * t
+        || p.groups.len() != b * g
+        || (p.groups.iter().enumerate())
+            .any(|(bg, x)| x.len() != kept_len(&spans[bg / g * t..][..t], rt, t))
+    {
+        return Err(format!("the kept weights do not match {dims:?}"));
+    }
     let all = Group {
         q,
         k,
         v,
-        mask,
-        spans: &spans,
+        mask: None,
+        spans,
         dims,
         scale,
     };
@@ -619,8 +703,8 @@ fn backward_on(
             .zip(dvs)
             .enumerate()
             .for_each(|(bg, ((dq, dk), dv))| {
-                let (p, g) = (&p[bg * rt * s..][..rt * s], &grad[bg * rt * d..][..rt * d]);
-                path.group_backward(all.part(bg), p, g, dq, dk, dv)
+                let g = &grad[bg * rt * d..][..rt * d];
+                path.group_backward(all.part(bg), &p.groups[bg], g, dq, dk, dv)
             });
     }
     let keep = |want: bool, x: Vec<f32>| want.then_some(x);
@@ -762,8 +846,7 @@ mod tests {
             let (dims, q, k, v, w, m) = case(i);
             let scale = 1.0 / (dims.d as f32).sqrt();
             let (y, p) = forward(&q, &k, &v, m.as_deref(), dims, scale).unwrap();
-            let [dq, dk, dv] =
-                backward(&q, &k, &v, &p, &w, m.as_deref(), dims, scale, [true; 3]).unwrap();
+            let [dq, dk, dv] = backward(&q, &k, &v, &p, &w, scale, [true; 3]).unwrap();
             let want = reference(&q, &k, &v, &w, m.as_deref(), dims, scale as f64);
             let got = [y, dq.unwrap(), dk.unwrap(), dv.unwrap()];
             for (name, (got, want)) in ["y", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
@@ -781,8 +864,19 @@ mod tests {
                     );
                 }
             }
-            // Each weight row sums to 1; its dead columns weigh exactly 0.
-            for (r, row) in p.chunks_exact(dims.s).enumerate() {
+            // Each weight row sums to 1; its dead columns weigh exactly 0. Under a causal
+            // mask about half of the matrix is kept (with the rows' blocks' overlap).
+            let live = |r: usize| {
+                let (l, h) = p.spans[r / dims.rt / dims.g * dims.t + r % dims.t];
+                h - l
+            };
+            let rows = dims.b * dims.g * dims.rt;
+            let (all, kept) = ((0..rows).map(live).sum::<usize>(), p.len());
+            assert!(
+                kept >= all && kept <= all + rows * (BLOCK - 1),
+                "case {i}: {kept} kept"
+            );
+            for (r, row) in p.dense().chunks_exact(dims.s).enumerate() {
                 let sum: f32 = row.iter().sum();
                 assert!((sum - 1.0).abs() < 1e-5, "case {i}, row {r} sums to {sum}");
                 if let Some(m) = &m {
@@ -802,13 +896,13 @@ mod tests {
     fn only_the_wanted_gradients_are_computed_and_they_do_not_change() {
         let (dims, q, k, v, w, m) = case(4);
         let (_, p) = forward(&q, &k, &v, m.as_deref(), dims, 0.25).unwrap();
-        let all = backward(&q, &k, &v, &p, &w, m.as_deref(), dims, 0.25, [true; 3]).unwrap();
+        let all = backward(&q, &k, &v, &p, &w, 0.25, [true; 3]).unwrap();
         for wanted in [
             [true, false, false],
             [false, true, false],
             [false, false, true],
         ] {
-            let some = backward(&q, &k, &v, &p, &w, m.as_deref(), dims, 0.25, wanted).unwrap();
+            let some = backward(&q, &k, &v, &p, &w, 0.25, wanted).unwrap();
             for x in 0..3 {
                 match wanted[x] {
                     true => assert_eq!(some[x], all[x], "{wanted:?}"),
@@ -828,7 +922,7 @@ mod tests {
                 .unwrap();
             pool.install(|| {
                 let (y, p) = forward(&q, &k, &v, m.as_deref(), dims, 0.125).unwrap();
-                let g = backward(&q, &k, &v, &p, &w, m.as_deref(), dims, 0.125, [true; 3]);
+                let g = backward(&q, &k, &v, &p, &w, 0.125, [true; 3]);
                 (y, p, g.unwrap())
             })
         };
@@ -840,7 +934,7 @@ mod tests {
             let (dims, q, k, v, w, m) = case(i);
             let run = |path: Path| {
                 let (y, p) = forward_on(path, &q, &k, &v, m.as_deref(), dims, 0.5).unwrap();
-                let g = backward_on(path, &q, &k, &v, &p, &w, m.as_deref(), dims, 0.5, [true; 3]);
+                let g = backward_on(path, &q, &k, &v, &p, &w, 0.5, [true; 3]);
                 (y, p, g.unwrap())
             };
             let best = run(Path::best());
@@ -866,14 +960,16 @@ mod tests {
             "{e}"
         );
         let (_, p) = forward(&q, &k, &v, m.as_deref(), dims, 1.0).unwrap();
-        let e = backward(&q, &k, &v, &p[1..], &w, m.as_deref(), dims, 1.0, [true; 3]).unwrap_err();
-        assert!(e.contains("the weights (199)"), "{e}");
+        let e = backward(&q, &k, &v, &p, &w[1..], 1.0, [true; 3]).unwrap_err();
+        assert!(e.contains("the gradient (159)"), "{e}");
+        let mut short = p.clone();
+        short.groups[1].pop();
+        let e = backward(&q, &k, &v, &short, &w, 1.0, [true; 3]).unwrap_err();
+        assert!(e.contains("the kept weights do not match"), "{e}");
         // Empty batches give empty results.
         let empty = Dims { b: 0, ..dims };
-        assert_eq!(
-            forward(&[], &[], &[], None, empty, 1.0).unwrap(),
-            (vec![], vec![])
-        );
+        let (y, p) = forward(&[], &[], &[], None, empty, 1.0).unwrap();
+        assert!(y.is_empty() && p.len() == 0);
     }
 
     #[test]

@@ -323,10 +323,8 @@ fn hand_over(slot: &Handed, op: &str) -> Result<(CpuStorage, Shape)> {
 /// under a causal mask). Its forward keeps the attention weights (the only activation-sized
 /// tensor) and its backward returns q's, k's and v's gradients directly.
 struct Attention {
-    /// The attention weights, (b, g, r · t, s), 0 on masked columns.
-    p: Vec<f32>,
-    mask: Option<Tensor>,
-    dims: super::attention::Dims,
+    /// The attention weights over the live columns.
+    p: super::attention::Weights,
     /// The result, handed to the graph by `cpu_fwd`.
     y: Handed,
     scale: f32,
@@ -383,16 +381,12 @@ impl CustomOp3 for Attention {
         let g = g.contiguous()?;
         let [dq, dk, dv] = {
             let (qr, kr, vr, gr) = (Read::new(q), Read::new(k), Read::new(v), Read::new(&g));
-            let mr = self.mask.as_ref().map(Read::new);
-            let ms = mr.as_ref().map(|m| m.f32s("attention mask")).transpose()?;
             super::attention::backward(
                 qr.f32s("attention q")?,
                 kr.f32s("attention k")?,
                 vr.f32s("attention v")?,
                 &self.p,
                 gr.f32s("attention gradient")?,
-                ms,
-                self.dims,
                 self.scale,
                 wanted,
             )
@@ -442,8 +436,6 @@ pub(crate) fn attention(
         &v,
         Attention {
             p,
-            mask,
-            dims,
             y: std::sync::Mutex::new(Some((y, q.shape().clone()))),
             scale: scale as f32,
         },
