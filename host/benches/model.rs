@@ -77,6 +77,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 fn main() -> anyhow::Result<()> {
     // As the maporl binary does (a user's MALLOC_* settings win).
     maporl::model::keep_freed_memory();
+    maporl::model::elementwise_ops_inline();
     let path = std::env::var_os("MAPORL_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

@@ -19,6 +19,7 @@ mod lora;
 mod memory;
 mod prefix;
 mod rows;
+mod threads;
 
 pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
@@ -35,3 +36,4 @@ pub use load::{load, random, Loaded};
 pub use lora::{Lora, LoraConfig, ValueHead};
 pub use memory::{keep_freed_memory, resident_mib, Resident};
 pub use prefix::{speaker_key, PrefixCache, PrefixStats};
+pub use threads::elementwise_ops_inline;
