@@ -5,6 +5,5 @@ mod cli;
 
 fn main() {
     maporl::model::keep_freed_memory();
-    maporl::model::elementwise_ops_inline();
     std::process::exit(cli::main());
 }

@@ -90,6 +90,16 @@ enum DataCommand {
 pub fn main() -> i32 {
     logging::init();
     let cli = Cli::parse();
+    // Before any thread starts (MPI's included): candle's large elementwise ops on the
+    // calling thread, except for a command that trains one model alone, which gains from
+    // candle's pool for them (the warm start 1.1x on 2 cores; BENCHMARKS.md).
+    let alone = matches!(
+        cli.command,
+        Command::WarmStart(_) | Command::Verifier(verifier::VerifierCommand::Train(_))
+    );
+    if !alone {
+        maporl::model::elementwise_ops_inline();
+    }
     // Under mpirun/srun: `train`, `eval` and `verifier train` join the launcher's world (one
     // run over N processes); other commands run in one process only.
     let world = match maporl::distributed::launched_size() {
