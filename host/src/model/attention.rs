@@ -660,10 +660,14 @@ fn backward_on(
         ));
     }
     let spans = &p.spans;
-    if spans.len() != b * t
-        || p.groups.len() != b * g
-        || (p.groups.iter().enumerate())
-            .any(|(bg, x)| x.len() != kept_len(&spans[bg / g * t..][..t], rt, t))
+    // (Without a row, a column or a head dimension there is nothing to compute, and forward
+    // kept nothing.)
+    let computes = b * g * rt * d > 0 && s > 0;
+    if computes
+        && (spans.len() != b * t
+            || p.groups.len() != b * g
+            || (p.groups.iter().enumerate())
+                .any(|(bg, x)| x.len() != kept_len(&spans[bg / g * t..][..t], rt, t)))
     {
         return Err(format!("the kept weights do not match {dims:?}"));
     }
@@ -685,7 +689,7 @@ fn backward_on(
     let mut dq = vec![0f32; b * g * nq];
     let mut dk = vec![0f32; b * g * nk];
     let mut dv = vec![0f32; b * g * nv];
-    if b * g * rt * d > 0 && s > 0 {
+    if computes {
         // A group's part of each buffer; empty ones for what is not wanted.
         fn split(x: &mut [f32], n: usize, groups: usize) -> Vec<&mut [f32]> {
             match n {
@@ -970,6 +974,12 @@ mod tests {
         let empty = Dims { b: 0, ..dims };
         let (y, p) = forward(&[], &[], &[], None, empty, 1.0).unwrap();
         assert!(y.is_empty() && p.len() == 0);
+        // So do heads of no dimension, in backward too.
+        let flat = Dims { d: 0, ..dims };
+        let (y, p) = forward(&[], &[], &[], m.as_deref(), flat, 1.0).unwrap();
+        assert!(y.is_empty() && p.len() == 0);
+        let grads = backward(&[], &[], &[], &p, &[], 1.0, [true; 3]).unwrap();
+        assert!(grads.iter().all(|x| x.as_ref().is_some_and(Vec::is_empty)));
     }
 
     #[test]
