@@ -60,6 +60,14 @@ path = "influence.wasm"
     config
 }
 
+/// The tiny model in `dir` and [`write_config`]'s config for it, with nothing appended.
+fn tiny_config(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_qwen2(&model);
+    write_config(dir, &model, "")
+}
+
 fn serve(extra_config: &str, args: &[&str]) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny");
@@ -756,10 +764,7 @@ fn a_training_run_is_served_with_its_agents_adapters() {
 #[test]
 fn a_client_that_stops_reading_cannot_hold_up_shutdown() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    std::fs::create_dir_all(&model).unwrap();
-    write_tiny_qwen2(&model);
-    let config = write_config(dir.path(), &model, "");
+    let config = tiny_config(dir.path());
     let log = dir.path().join("stderr.log");
     let args: Vec<String> = ["--config", &config.display().to_string(), "--workers", "1"]
         .into_iter()
@@ -814,10 +819,7 @@ fn a_seated_debate_does_not_depend_on_what_was_asked_before() {
     use maporl::transcript::{ChatMessage, Role};
 
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    std::fs::create_dir_all(&model).unwrap();
-    write_tiny_qwen2(&model);
-    let config = write_config(dir.path(), &model, "");
+    let config = tiny_config(dir.path());
     let config = maporl::config::Config::load(&config, &[]).unwrap();
     assert!(
         config.generation.prefix_cache_mib > 0,
