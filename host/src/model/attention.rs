@@ -281,17 +281,15 @@ fn union(spans: &[(usize, usize)], r0: usize, rows: usize, t: usize) -> (usize, 
 }
 
 /// Runs `$block` for each whole block of BLOCK rows from `$r0`, then `$single` for each row
-/// left over.
+/// left over: the walk of [`blocks`], which the kept weights' layout follows.
 macro_rules! in_blocks {
     ($rows:expr, $r0:ident => $block:expr, $single:expr) => {{
-        let mut $r0 = 0;
-        while $r0 + BLOCK <= $rows {
-            $block;
-            $r0 += BLOCK;
-        }
-        while $r0 < $rows {
-            $single;
-            $r0 += 1;
+        for ($r0, rows) in blocks($rows) {
+            if rows == BLOCK {
+                $block;
+            } else {
+                $single;
+            }
         }
     }};
 }
