@@ -854,33 +854,34 @@ fn a_seated_debate_does_not_depend_on_what_was_asked_before() {
         },
         user("Are you sure? Check again."),
     ];
-    let ask = |messages: &'static [ChatMessage], agent: u32| Request {
-        task: "t",
-        agent,
-        messages,
-    };
-    let first: &'static [ChatMessage] = Box::leak(Box::new(first));
-    let longer: &'static [ChatMessage] = Box::leak(Box::new(longer));
-    let debate = |team: &maporl::debate::ModelTeam, seed: u64, m: &'static [ChatMessage]| {
+    /// Both agents' answers to `m` in a debate seated with `seed`: their texts, tokens,
+    /// log-probs and values.
+    type Answers = Vec<(String, Vec<u32>, Vec<f32>, Vec<f32>)>;
+    fn debate(team: &maporl::debate::ModelTeam, seed: u64, m: &[ChatMessage]) -> Answers {
+        let ask = |agent| Request {
+            task: "t",
+            agent,
+            messages: m,
+        };
         let mut seat = team.seated(seed);
-        let responses = seat.respond(1, &[ask(m, 0), ask(m, 1)]).unwrap();
+        let responses = seat.respond(1, &[ask(0), ask(1)]).unwrap();
         responses
             .into_iter()
             .map(|r| {
                 let trace = r.ids.policy.expect("a learner records its log-probs");
                 (r.text, r.ids.response, trace.logprobs, trace.values)
             })
-            .collect::<Vec<_>>()
-    };
-    let alone = debate(&team, 4, first);
+            .collect()
+    }
+    let alone = debate(&team, 4, &first);
     // Other requests first, then the same one again: the same answer, bit for bit.
-    debate(&team, 9, longer);
-    debate(&team, 5, first);
-    assert_eq!(debate(&team, 4, first), alone, "after other debates");
+    debate(&team, 9, &longer);
+    debate(&team, 5, &first);
+    assert_eq!(debate(&team, 4, &first), alone, "after other debates");
     // And beside another seat's debate.
     let beside = std::thread::scope(|s| {
-        let other = s.spawn(|| debate(&team, 11, longer));
-        let mine = debate(&team, 4, first);
+        let other = s.spawn(|| debate(&team, 11, &longer));
+        let mine = debate(&team, 4, &first);
         other.join().unwrap();
         mine
     });
