@@ -70,27 +70,13 @@ if [ -f "$bundle" ]; then
     trap 'rm -rf "$dir"' EXIT
     tar -C "$dir" -xJf "$bundle" || { echo "gpu-check: cannot unpack $bundle" >&2; exit 1; }
     log "bundle: $(tr '\n' ';' < "$dir/BUILD")"
-    libs=$dir/lib
-    mkdir -p "$libs"
-    search=(/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
-    if command -v python3 >/dev/null 2>&1; then
-        while read -r sp; do
-            [ -d "$sp/nvidia" ] && search+=("$sp/nvidia")
-        done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
-    fi
-    for want in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
-        found=$(ldconfig -p 2>/dev/null | awk -v w="$want" '$1 == w {print $NF; exit}')
-        [ -n "$found" ] || found=$(find "${search[@]}" -name "$want" 2>/dev/null | head -1)
-        if [ -n "$found" ]; then
-            ln -sf "$found" "$libs/$want"
-            log "$want: $found"
-        fi
-    done
-    export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
-    if ldd "$dir"/bin/* | grep 'not found' >&2; then
-        echo "gpu-check: libraries the bundle needs are missing here (the driver's libcuda: ldconfig, /usr/local/nvidia; CUDA 13's: /usr/local/cuda, python's nvidia-* wheels)" >&2
+    source scripts/gpu-libs.sh
+    # (Not in a pipe: gpu_libs sets LD_LIBRARY_PATH for the stages below.)
+    if ! gpu_libs "$dir/lib" "$dir"/bin/* >"$out/libs.log" 2>&1; then
+        cat "$out/libs.log" >&2
         exit 1
     fi
+    while read -r line; do log "$line"; done <"$out/libs.log"
     echo "{\"gpus\": \"$gpus\", \"bundle\": \"$(tr '\n' ';' < "$dir/BUILD")\", \"compute_cap\": \"$cap\"}" \
         > "$out/machine.json"
 

@@ -242,6 +242,56 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
     assert!(stderr(&bad).contains("must start with a lower-case letter"));
 }
 
+/// `scripts/gpu-smollm2.sh run` with the parts folder `parts` and the stash `stash`.
+fn gpu_smollm2_run(parts: &std::path::Path, stash: &std::path::Path) -> Output {
+    Command::new("bash")
+        .arg(support::repo().join("scripts/gpu-smollm2.sh"))
+        .arg("run")
+        .env("PARTS", parts)
+        .env("STASH", stash)
+        .env("OUT", stash.join("out"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_gpu_run_names_a_part_that_is_missing_or_damaged_before_unpacking() {
+    // Two parts and their sums; the call carries only the last, the stash is empty.
+    let dir = tempfile::tempdir().unwrap();
+    let (parts, stash) = (dir.path().join("parts"), dir.path().join("stash"));
+    std::fs::create_dir_all(&parts).unwrap();
+    std::fs::create_dir_all(&stash).unwrap();
+    let sum = |p: &std::path::Path| {
+        let out = Command::new("sha256sum").arg(p).output().unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_string()
+    };
+    let (p0, p1) = (stash.join("part-0"), parts.join("part-1"));
+    std::fs::write(&p0, b"the first part").unwrap();
+    std::fs::write(&p1, b"the second part").unwrap();
+    let sums = format!("{}  part-0\n{}  part-1\n", sum(&p0), sum(&p1));
+    std::fs::write(parts.join("SHA256SUMS"), sums).unwrap();
+    std::fs::remove_file(&p0).unwrap();
+    let out = gpu_smollm2_run(&parts, &stash);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(": part-0 ("), "{}", stderr(&out));
+    assert!(stash.join("part-1").exists(), "the carried part is kept");
+    // The first part stashed, but not the bytes the sums were made of.
+    std::fs::write(&p0, b"the first parT").unwrap();
+    let out = gpu_smollm2_run(&parts, &stash);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("part-0: FAILED") && stderr(&out).contains("damaged"),
+        "{}",
+        stderr(&out)
+    );
+    // Whole and right, but not an archive: it says so, and runs nothing.
+    std::fs::write(&p0, b"the first part").unwrap();
+    let out = gpu_smollm2_run(&parts, &stash);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot unpack"), "{}", stderr(&out));
+    assert!(!stash.join("out").exists(), "nothing ran");
+}
+
 #[test]
 fn the_gpu_check_stops_at_once_without_a_gpu() {
     let out_dir = tempfile::tempdir().unwrap();
