@@ -17,10 +17,10 @@
 # builds the CPU binary again at its end.
 # run checks every part against SHA256SUMS (naming a missing or damaged one), unpacks, finds the
 # CUDA libraries (scripts/gpu-libs.sh), and runs scripts/smollm2-fair.sh with DEVICE=cuda (its
-# TRAIN_SECONDS, EVAL_SECONDS, ... pass through) under TOTAL_SECONDS (default 540). Into $OUT
-# (or ./gpu-smollm2): run.tar.gz (logs, metrics, transcripts, the paired table; no
-# checkpoints) and agent-N.tar.gz (the evaluated checkpoint's adapters, without optimizer
-# state). Environment: STASH (default /tmp/maporl-gpu-stash), RUN_DIR (where the run is kept
+# TRAIN_SECONDS, EVAL_SECONDS, ... pass through; STOP_GRACE 60 s) under TOTAL_SECONDS (default
+# 540). Into $OUT (or ./gpu-smollm2): run.tar.gz (logs, metrics, transcripts, the paired
+# table; no checkpoints) and agent-N.tar.gz (the evaluated checkpoint's adapters, without
+# optimizer state). Environment: STASH (default /tmp/maporl-gpu-stash), RUN_DIR (where the run is kept
 # there, default /tmp/maporl-smollm2), DEVICE (cuda; cpu to try the whole path here), PARTS
 # (the parts' folder in the checkout, default .gpu/smollm2).
 set -uo pipefail
@@ -87,7 +87,7 @@ run)
     out=${OUT:-gpu-smollm2}
     run=${RUN_DIR:-/tmp/maporl-smollm2}
     mkdir -p "$out"
-    BIN=$dir/maporl MODEL=$dir/model.gguf DEVICE=${DEVICE:-cuda} \
+    BIN=$dir/maporl MODEL=$dir/model.gguf DEVICE=${DEVICE:-cuda} STOP_GRACE=${STOP_GRACE:-60} \
         timeout -k 10 "${TOTAL_SECONDS:-540}" scripts/smollm2-fair.sh "$run"
     echo "gpu-smollm2: smollm2-fair exit $?"
     tar -czf "$out/run.tar.gz" --exclude=checkpoints -C "$run" .

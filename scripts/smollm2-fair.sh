@@ -12,14 +12,16 @@
 # The training questions come after the held-out ones (data.offset = HELD_OUT); a checkpoint
 # is written after every step and the last one is evaluated, so TRAIN_SECONDS decides how many
 # steps fit (`train.steps = N` with the same seed repeats a run of N steps). The training is
-# stopped with SIGINT (a clean stop, after the step in progress). Run again on the same OUTDIR,
+# stopped with SIGINT (a clean stop, after the step in progress; killed if that step takes
+# over STOP_GRACE seconds more, its checkpoint the one before). Run again on the same OUTDIR,
 # the script resumes: the training goes on from its last checkpoint (`maporl train --resume`,
 # exact), the untrained team's chunks already evaluated are kept, and the trained team is
 # evaluated again if its adapters changed (its chunks are named after the adapters' hash).
 # Resume on the same kind of device: before and after are paired only on the same numerics.
 # Environment: BIN (maporl), MODEL (the GGUF; scripts/fetch-smollm2.sh), DEVICE (cpu, cuda),
-# SEED (0), TRAIN_SECONDS (240), EVAL_SECONDS (270), STEPS (at most, 64), BATCH (questions a
-# step, 16), CHUNK (held-out questions an evaluation call, 100), HELD_OUT (at most, 1000),
+# SEED (0), TRAIN_SECONDS (240; 0 evaluates the last checkpoint without training more),
+# STOP_GRACE (600), EVAL_SECONDS (270), STEPS (at most, 64), BATCH (questions a step, 16),
+# CHUNK (held-out questions an evaluation call, 100), HELD_OUT (at most, 1000),
 # MAX_NEW_TOKENS (96), DIFFICULTY (1: a + b).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,7 @@ MODEL=${MODEL:-~/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 DEVICE=${DEVICE:-cpu}
 SEED=${SEED:-0}
 TRAIN_SECONDS=${TRAIN_SECONDS:-240}
+STOP_GRACE=${STOP_GRACE:-600}
 EVAL_SECONDS=${EVAL_SECONDS:-270}
 STEPS=${STEPS:-64}
 BATCH=${BATCH:-16}
@@ -50,7 +53,8 @@ common=(--config configs/smollm2-arith.toml --set "device=$DEVICE" --set "model.
 resume=()
 [ -d "$out/train/checkpoints" ] && resume=(--resume)
 log "train: up to $STEPS steps of $BATCH questions, at most ${TRAIN_SECONDS}s, on $DEVICE ${resume[*]}"
-[ -d "$out/train/checkpoints/final" ] || timeout -s INT -k 120 "$TRAIN_SECONDS" "$BIN" train "${resume[@]}" "${common[@]}" \
+[ -d "$out/train/checkpoints/final" ] || [ "$TRAIN_SECONDS" -eq 0 ] ||
+    timeout -s INT -k "$STOP_GRACE" "$TRAIN_SECONDS" "$BIN" train "${resume[@]}" "${common[@]}" \
     --set "data.offset=$HELD_OUT" --set "data.count=$((STEPS * BATCH))" --set data.held_out=0 \
     --set "debate.batch_size=$BATCH" --set "train.steps=$STEPS" --set train.checkpoint_every=1 \
     --set train.keep_checkpoints=2 --set train.kl_coef=0.02 \
