@@ -101,8 +101,8 @@ def table(summary, resamples=10000):
         row(f"gain from turn 1, {team}", ["-"] + [
             fair_table.interval([[credits[i][t] - credits[i][0] for i in ids]], resamples, rng)
             for t in range(1, turns)])
-    for key, label in (("corrected_by_peers", "P(W->R | wrong, a peer right)"),
-                       ("misled_by_peers", "P(R->W | right, a peer wrong)")):
+    for key, label in (("corrected_by_peers", "P(W->R \\| wrong, a peer right)"),
+                       ("misled_by_peers", "P(R->W \\| right, a peer wrong)")):
         for team in ("untrained", "trained"):
             cells = ["-"]
             for t in range(2, turns + 1):
