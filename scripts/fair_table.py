@@ -146,15 +146,18 @@ def provenance(build, models):
     for m in models:
         digest = hashlib.sha256((Path(m) / "model.safetensors").read_bytes()).hexdigest()
         hashes[Path(m).name] = digest
-    cpu = platform.processor() or platform.machine()
+    return {"build": build, "models": hashes, "cpu": cpu_name()}
+
+
+def cpu_name():
+    """This machine's CPU model (a CPU that rounds differently samples other text)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return {"build": build, "models": hashes, "cpu": cpu}
+    return platform.processor() or platform.machine()
 
 
 def keep(eval_dir, out, build, *models):

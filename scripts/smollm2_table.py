@@ -16,9 +16,9 @@ are scripts/fair_table.py's.
 """
 
 import json
-import platform
 import random
 import sys
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,24 +46,15 @@ def read_run(run):
     if not chunks:
         raise SystemExit(f"smollm2_table: no chunk of {run} was evaluated for both teams")
     steps = [json.loads(line) for line in open(run / "train" / "metrics.jsonl")]
-    cpu = platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    config = (run / "train" / "config.toml").read_text()
+    config = tomllib.loads((run / "train" / "config.toml").read_text())
     return {
         "adapters": tag,
         "steps": len(steps),
         "train_seconds": round(
             sum(s.get("rollout_seconds", 0) + s.get("update_seconds", 0) for s in steps), 1
         ),
-        "device": next(
-            (line.split("=", 1)[1].strip().strip('"') for line in config.splitlines()
-             if line.startswith("device")),
-            "?",
-        ),
-        "cpu": cpu,
+        "device": config.get("device", "?"),
+        "cpu": fair_table.cpu_name(),
         "teams": {
             team: {
                 "credits": credits,

@@ -60,19 +60,22 @@ path = "influence.wasm"
     config
 }
 
-/// The tiny model in `dir` and [`write_config`]'s config for it, with nothing appended.
-fn tiny_config(dir: &Path) -> PathBuf {
+/// The tiny model, written into `dir/tiny`.
+fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny");
     std::fs::create_dir_all(&model).unwrap();
     write_tiny_qwen2(&model);
-    write_config(dir, &model, "")
+    model
+}
+
+/// The tiny model in `dir` and [`write_config`]'s config for it, with nothing appended.
+fn tiny_config(dir: &Path) -> PathBuf {
+    write_config(dir, &tiny_model(dir), "")
 }
 
 fn serve(extra_config: &str, args: &[&str]) -> Served {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    std::fs::create_dir_all(&model).unwrap();
-    write_tiny_qwen2(&model);
+    let model = tiny_model(dir.path());
     let extra = extra_config.replace("MODEL", &model.display().to_string());
     let extra = extra.replace("DIR", &dir.path().display().to_string());
     if extra_config.contains("checkpoint") {
