@@ -10,7 +10,10 @@
 //! FMAs, the rows of x staying in L1, the weight rows two tiles ahead prefetched. Weight rows
 //! are split over the rayon pool. At 8 rows a 1536 × 576 weight takes 131 µs (108 GFLOP/s)
 //! against gemm's 266 µs on this machine. x86-64 with AVX2 and FMA only (detected at run
-//! time); the tests below check it against the plain product.
+//! time); the tests below check it against the plain product. With AVX-512F as well, two rows
+//! of x share each 512-bit register and the weight's 8 lanes are broadcast to both halves: the
+//! same 12 accumulators cover 3 weight rows × 8 rows of x (7 loads per 24 8-lane FMAs), and
+//! each half runs exactly the AVX2 chain, so both paths give the same bits (tested).
 
 use rayon::prelude::*;
 
@@ -26,20 +29,45 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// Whether this CPU also has AVX-512F, for [`x_wt`]'s 16-lane path.
+fn wide_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `x (m, k) · Wᵀ` with `W (n, k)`, both row-major, as (m, n) row-major. Call only when
-/// [`available`].
+/// [`available`]. With AVX-512 two rows of x share each register (see [`pair_rows`]); the
+/// result is the same, bit for bit, as the AVX2 path's.
 pub(crate) fn x_wt(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    x_wt_with(x, w, m, n, k, wide_available())
+}
+
+fn x_wt_with(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, wide: bool) -> Vec<f32> {
     assert!(available() && x.len() == m * k && w.len() == n * k);
+    assert!(!wide || wide_available());
     // (n, m): each block of weight rows writes its own contiguous part.
     const BLOCK: usize = 64;
     let mut yt = vec![0f32; n * m];
+    let pairs = if wide { pair_rows(x, m, k) } else { vec![] };
     let run = |(bi, out): (usize, &mut [f32])| {
         let o0 = bi * BLOCK;
         let rows = out.len() / m;
-        // SAFETY: available() checked AVX2 and FMA; the slices hold the rows they index.
+        let w = &w[o0 * k..(o0 + rows) * k];
+        // SAFETY: available() checked AVX2 and FMA (and wide_available() AVX-512F when
+        // `wide`); the slices hold the rows they index.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            avx2::block(&w[o0 * k..(o0 + rows) * k], x, rows, m, k, out)
+            if wide {
+                avx2::block_wide(w, x, &pairs, rows, m, k, out)
+            } else {
+                avx2::block(w, x, rows, m, k, out)
+            }
         };
     };
     if rayon::current_num_threads() > 1 && n >= 4 * BLOCK {
@@ -54,6 +82,23 @@ pub(crate) fn x_wt(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f3
         }
     }
     y
+}
+
+/// The rows of x (m, k) two by two, interleaved by blocks of 8: for rows 2p and 2p + 1 and
+/// each whole block c of 8 columns, 16 floats (row 2p's block c, then row 2p + 1's; zeros
+/// when m is odd and 2p + 1 = m). One 512-bit load then holds both rows' block, and the
+/// weight's block broadcast to both halves makes each half the AVX2 path's 8-lane chain.
+fn pair_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    let k8 = k / 8 * 8;
+    let mut out = vec![0f32; m.div_ceil(2) * 2 * k8];
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        let (p, half) = (r / 2, r % 2);
+        for (c, block) in row[..k8].chunks_exact(8).enumerate() {
+            let at = p * 2 * k8 + c * 16 + half * 8;
+            out[at..at + 8].copy_from_slice(block);
+        }
+    }
+    out
 }
 
 /// log Σ exp(x) over a row of logits (sampling needs it for every generated token's log-prob:
@@ -332,6 +377,107 @@ mod avx2 {
                 r += xr;
             }
             o += wo;
+        }
+    }
+
+    /// [`block`] with AVX-512F: `pairs` is x as [`super::pair_rows`] lays it out. Each
+    /// 512-bit accumulator holds two rows of x's 8-lane sums, each computed as in [`tile`],
+    /// so the results are the same bits.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn block_wide(
+        w: &[f32],
+        x: &[f32],
+        pairs: &[f32],
+        rows: usize,
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let np = m.div_ceil(2);
+        let mut o = 0;
+        while o < rows {
+            let wo = (rows - o).min(3);
+            let mut p = 0;
+            while p < np {
+                let n = (np - p).min(4);
+                match (wo, n) {
+                    (3, 4) => tile_wide::<3, 4>(w, x, pairs, o, p, m, k, out),
+                    (3, 3) => tile_wide::<3, 3>(w, x, pairs, o, p, m, k, out),
+                    (3, 2) => tile_wide::<3, 2>(w, x, pairs, o, p, m, k, out),
+                    (3, _) => tile_wide::<3, 1>(w, x, pairs, o, p, m, k, out),
+                    (2, 4) => tile_wide::<2, 4>(w, x, pairs, o, p, m, k, out),
+                    (2, 3) => tile_wide::<2, 3>(w, x, pairs, o, p, m, k, out),
+                    (2, 2) => tile_wide::<2, 2>(w, x, pairs, o, p, m, k, out),
+                    (2, _) => tile_wide::<2, 1>(w, x, pairs, o, p, m, k, out),
+                    (_, 4) => tile_wide::<1, 4>(w, x, pairs, o, p, m, k, out),
+                    (_, 3) => tile_wide::<1, 3>(w, x, pairs, o, p, m, k, out),
+                    (_, 2) => tile_wide::<1, 2>(w, x, pairs, o, p, m, k, out),
+                    _ => tile_wide::<1, 1>(w, x, pairs, o, p, m, k, out),
+                }
+                p += n;
+            }
+            o += wo;
+        }
+    }
+
+    /// out[o + i][2 (p + j) + h] = w[o + i] · x[2 (p + j) + h] for i < O, j < P, h < 2 (the
+    /// rows of x that exist).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_wide<const O: usize, const P: usize>(
+        w: &[f32],
+        x: &[f32],
+        pairs: &[f32],
+        o: usize,
+        p: usize,
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let k8 = k / 8 * 8;
+        let wp: [*const f32; O] = std::array::from_fn(|i| w.as_ptr().add((o + i) * k));
+        let xp: [*const f32; P] = std::array::from_fn(|j| pairs.as_ptr().add((p + j) * 2 * k8));
+        let mut acc = [[_mm512_setzero_ps(); P]; O];
+        let next: [*const f32; O] = std::array::from_fn(|i| wp[i].wrapping_add(2 * O * k));
+        let mut c = 0;
+        while c < k8 {
+            if c % 16 == 0 {
+                for q in next {
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(c) as *const i8);
+                }
+            }
+            let wv: [__m512; O] = std::array::from_fn(|i| {
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(
+                    wp[i].add(c),
+                ))))
+            });
+            for j in 0..P {
+                let xv = _mm512_loadu_ps(xp[j].add(2 * c));
+                for i in 0..O {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+            c += 8;
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (j, &acc) in acc.iter().enumerate() {
+                let halves = [
+                    _mm512_castps512_ps256(acc),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
+                ];
+                for (h, half) in halves.into_iter().enumerate() {
+                    let r = 2 * (p + j) + h;
+                    if r == m {
+                        break;
+                    }
+                    let xr = x.as_ptr().add(r * k);
+                    let mut s = hsum(half);
+                    for cc in k8..k {
+                        s += *wp[i].add(cc) * *xr.add(cc);
+                    }
+                    out[(o + i) * m + r] = s;
+                }
+            }
         }
     }
 
@@ -651,6 +797,18 @@ mod tests {
                             "m {m} n {n} k {k} ({r}, {o}): {got} vs {want}"
                         );
                     }
+                }
+                if wide_available() {
+                    let narrow = x_wt_with(&x, &w, m, n, k, false);
+                    let wide = x_wt_with(&x, &w, m, n, k, true);
+                    let same = narrow
+                        .iter()
+                        .zip(&wide)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "m {m} n {n} k {k}: the AVX-512 path rounds differently"
+                    );
                 }
             }
         }
