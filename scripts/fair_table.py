@@ -211,7 +211,11 @@ def bootstrap(strata, stat, resamples, rng):
 
 
 def interval(strata, resamples, rng):
-    """The pooled mean of strata's values and its bootstrap 95% interval, as a table cell."""
+    """The pooled mean of strata's values and its bootstrap 95% interval, as a table cell.
+    rng is a random.Random, or a string naming the cell that seeds one of its own: a cell's
+    interval then does not move when another row gains a seed."""
+    if isinstance(rng, str):
+        rng = random.Random(rng)
     d = mean([x for s in strata for x in s])
     lo, hi = bootstrap(strata, mean, resamples, rng)
     return f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
@@ -260,7 +264,6 @@ def main():
             f"Note: these summaries come from {len(cpus)} CPUs ({'; '.join(sorted(map(str, cpus)))}): "
             "across them the same weights sample other text, so pairs are looser.\n"
         )
-    rng = random.Random(0)
     rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
     turns = max(t for r in runs.values() for (_, t, _) in r.values())
     cols = " | ".join(f"turn {t}" for t in range(1, turns + 1))
@@ -278,7 +281,7 @@ def main():
                 cells.append(f"{accs[0]:.3f}")
         for t in range(1, turns):
             strata = [[c[t] - c[0] for c in runs[row][s][0].values()] for s in seeds]
-            cells.append(interval(strata, resamples, rng))
+            cells.append(interval(strata, resamples, f"{row} turn {t + 1} - turn 1"))
         seeds_s = ",".join(map(str, seeds))
         print(f"| {LABEL.get(row, row)} | {seeds_s} | {' | '.join(cells)} |")
 
@@ -299,7 +302,7 @@ def main():
                 for s in seeds:
                     a, b = runs[first][s][0], runs[second][s][0]
                     strata.append([a[i][t] - b[i][t] for i in a if i in b])
-                cells.append(interval(strata, resamples, rng))
+                cells.append(interval(strata, resamples, f"{first} - {second} turn {t + 1}"))
             print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
 
     def base_of(row):

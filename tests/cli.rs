@@ -314,3 +314,69 @@ fn the_gpu_check_stops_at_once_without_a_gpu() {
         );
     }
 }
+
+/// `scripts/fair_table.py` over the summaries in `dir`: its output.
+fn fair_table(dir: &std::path::Path) -> String {
+    let out = Command::new("python3")
+        .arg(support::repo().join("scripts/fair_table.py"))
+        .arg(dir)
+        .output()
+        .expect("running python3");
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn a_fair_table_row_keeps_its_intervals_when_another_row_gains_a_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three turns' credits for 60 questions, different for each row and seed.
+    let write = |row: &str, seed: u32| {
+        let credits: serde_json::Map<String, serde_json::Value> = (0..60u32)
+            .map(|q| {
+                let h = |t: u32| {
+                    let x = (q * 2654435761 ^ seed * 40503 ^ t * 97 ^ row.len() as u32 * 7919)
+                        .wrapping_mul(2246822519);
+                    f64::from(x >> 31)
+                };
+                (
+                    format!("arith-0-{q}"),
+                    serde_json::json!([h(1), h(2), h(3)]),
+                )
+            })
+            .collect();
+        let summary = serde_json::json!({
+            "build": "test", "cpu": "test CPU", "credits": credits,
+            "models": {"fair-model": "00"}, "rates": [[1, "corrected_by_peers", 0, 0]], "turns": 3,
+        });
+        let path = dir.path().join(format!("{row}-seed{seed}.json"));
+        std::fs::write(path, summary.to_string()).unwrap();
+    };
+    for row in ["off-the-shelf", "maporl", "maporl-alpha"] {
+        write(row, 0);
+    }
+    let lines = |table: &str, label: &str| -> Vec<String> {
+        let rows = table
+            .lines()
+            .filter(|l| l.starts_with(&format!("| {label} |")));
+        rows.map(String::from).collect()
+    };
+    let before = fair_table(dir.path());
+    write("maporl-alpha", 1);
+    let after = fair_table(dir.path());
+    let maporl = lines(&before, "MAPoRL, rule verifier");
+    assert!(
+        maporl.len() >= 2 && maporl.iter().any(|l| l.contains('[')),
+        "{before}"
+    );
+    assert_eq!(
+        maporl,
+        lines(&after, "MAPoRL, rule verifier"),
+        "{before}\n{after}"
+    );
+    let alpha = "MAPoRL + alpha_1 = 2";
+    assert_ne!(lines(&before, alpha), lines(&after, alpha), "{after}");
+    assert!(
+        lines(&after, alpha).iter().any(|l| l.contains("| 0,1 |")),
+        "{after}"
+    );
+}
