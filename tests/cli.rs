@@ -334,8 +334,11 @@ fn a_fair_table_row_keeps_its_intervals_when_another_row_gains_a_seed() {
         let credits: serde_json::Map<String, serde_json::Value> = (0..60u32)
             .map(|q| {
                 let h = |t: u32| {
-                    let x = (q * 2654435761 ^ seed * 40503 ^ t * 97 ^ row.len() as u32 * 7919)
-                        .wrapping_mul(2246822519);
+                    let mix = q.wrapping_mul(2654435761)
+                        ^ seed.wrapping_mul(40503)
+                        ^ (t * 97)
+                        ^ (row.len() as u32 * 7919);
+                    let x = mix.wrapping_mul(2246822519);
                     f64::from(x >> 31)
                 };
                 (
