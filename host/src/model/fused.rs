@@ -49,8 +49,18 @@ fn tensor_f32s<'a>(s: &'a candle_core::Storage, l: &Layout, op: &str) -> Result<
 /// The fewest elements an elementwise op hands to one rayon task.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+/// Fills `out` with σ(g) chunk by chunk over the rayon pool ([`super::rows::sigmoids`]),
+/// then calls `f(out[i], g[i], i)` on each element of the chunk while it is in cache.
+fn by_sigmoid_chunks(out: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32, usize) + Sync) {
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(g.par_chunks(ELEMENTS_PER_TASK))
+        .enumerate()
+        .for_each(|(c, (out, g))| {
+            super::rows::sigmoids(g, out);
+            for (j, (o, &g)) in out.iter_mut().zip(g).enumerate() {
+                f(o, g, c * ELEMENTS_PER_TASK + j);
+            }
+        });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -480,12 +490,15 @@ impl CustomOp2 for SiluMul {
     ) -> Result<(CpuStorage, Shape)> {
         let gs = f32s(g, gl, "silu-mul")?;
         let us = f32s(u, ul, "silu-mul")?;
-        let y = gs
-            .par_iter()
-            .zip(us)
-            .with_min_len(ELEMENTS_PER_TASK)
-            .map(|(g, u)| g * sigmoid(*g) * u)
-            .collect();
+        if us.len() != gs.len() {
+            bail!(
+                "silu-mul: {} gate values against {} up values",
+                gs.len(),
+                us.len()
+            );
+        }
+        let mut y = vec![0f32; gs.len()];
+        by_sigmoid_chunks(&mut y, gs, |y, g, i| *y = g * *y * us[i]);
         Ok((CpuStorage::F32(y), gl.shape().clone()))
     }
 
@@ -533,23 +546,23 @@ impl CustomOp3 for SiluMulGrad {
         let gs = f32s(g, gl, "silu-mul grad")?;
         let us = f32s(u, ul, "silu-mul grad")?;
         let ds = f32s(dy, dl, "silu-mul grad")?;
-        let out = if self.wrt_gate {
-            gs.par_iter()
-                .zip(us)
-                .zip(ds)
-                .with_min_len(ELEMENTS_PER_TASK)
-                .map(|((g, u), d)| {
-                    let s = sigmoid(*g);
-                    d * u * s * (1.0 + g * (1.0 - s))
-                })
-                .collect()
+        if us.len() != gs.len() || ds.len() != gs.len() {
+            bail!(
+                "silu-mul grad: {} gate, {} up and {} gradient values",
+                gs.len(),
+                us.len(),
+                ds.len()
+            );
+        }
+        let mut out = vec![0f32; gs.len()];
+        if self.wrt_gate {
+            by_sigmoid_chunks(&mut out, gs, |o, g, i| {
+                let s = *o;
+                *o = ds[i] * us[i] * s * (1.0 + g * (1.0 - s));
+            });
         } else {
-            gs.par_iter()
-                .zip(ds)
-                .with_min_len(ELEMENTS_PER_TASK)
-                .map(|(g, d)| d * g * sigmoid(*g))
-                .collect()
-        };
+            by_sigmoid_chunks(&mut out, gs, |o, g, i| *o *= ds[i] * g);
+        }
         Ok((CpuStorage::F32(out), gl.shape().clone()))
     }
 }
