@@ -91,6 +91,9 @@ fn x_wt_with(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, wide: bool) -> 
 fn pair_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     let k8 = k / 8 * 8;
     let mut out = vec![0f32; m.div_ceil(2) * 2 * k8];
+    if k8 == 0 {
+        return out;
+    }
     for (r, row) in x.chunks_exact(k).enumerate() {
         let (p, half) = (r / 2, r % 2);
         for (c, block) in row[..k8].chunks_exact(8).enumerate() {
@@ -825,7 +828,7 @@ mod tests {
             return;
         }
         // Rows 1-16 (every tile remainder), odd weight rows, k with and without a tail.
-        for &(n, k) in &[(5usize, 13usize), (130, 64), (257, 24), (3, 7)] {
+        for &(n, k) in &[(5usize, 13usize), (130, 64), (257, 24), (3, 7), (4, 0)] {
             for m in 1..=16 {
                 let (x, w) = (seq(m * k, 7), seq(n * k, 11));
                 let y = x_wt(&x, &w, m, n, k);
