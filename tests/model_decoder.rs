@@ -1390,7 +1390,8 @@ fn activation_checkpointing_gives_the_plain_backwards_gradients() {
         (vec![17, 18, 19], vec![20]),
     ];
     // LoRA and a value head over a frozen base (every rotary layout), then every weight of a
-    // base trained (Qwen2's tied embedding: the gradient reaches it from both ends).
+    // base trained (Qwen2's tied embedding: the gradient reaches it from both ends), then
+    // LoRA with dropout (the recomputed layers must drop what the forward dropped).
     let mut cases: Vec<(&str, Agent)> = Vec::new();
     for (name, json, targets) in [
         ("llama", LLAMA, &["q_proj", "v_proj", "down_proj"][..]),
@@ -1409,10 +1410,33 @@ fn activation_checkpointing_gives_the_plain_backwards_gradients() {
     let mut full = Agent::new(Arc::new(frozen(QWEN2, &vm)));
     full.train_all_weights().unwrap();
     cases.push(("qwen2, every weight", full));
-    for (name, agent) in &cases {
+    for (name, json, targets) in [
+        (
+            "llama, dropout",
+            LLAMA,
+            &["q_proj", "o_proj", "up_proj", "down_proj"][..],
+        ),
+        ("phi3, dropout", PHI3, &["qkv_proj", "gate_up_proj"][..]),
+    ] {
+        let (vm, _) = random_base(json, 97);
+        let mut agent = Agent::new(Arc::new(frozen(json, &vm)));
+        let lora = Lora::new(&agent.base, lora_cfg(targets), 3).unwrap();
+        randomize_lora(&lora, 4);
+        agent.lora = Some(lora);
+        cases.push((name, agent));
+    }
+    for (name, agent) in &mut cases {
+        // Each pass starts the dropout stream afresh, so both draw the same masks.
+        let restart = |agent: &mut Agent| {
+            if name.ends_with("dropout") {
+                agent.lora.as_mut().unwrap().set_dropout(0.4, 11).unwrap();
+            }
+        };
+        restart(agent);
         let vars = agent.named_trainable_vars();
         let plain = score_at_temperature(agent, &pairs, Pass::Training, 2, 0.8).unwrap();
         let grads = loss_of(&plain).backward().unwrap();
+        restart(agent);
         let (kept, checkpoint) = score_checkpointed(agent, &pairs, 2, 0.8).unwrap();
         assert_eq!(
             max_diff(&plain.logprobs, &kept.logprobs),
@@ -1440,5 +1464,12 @@ fn activation_checkpointing_gives_the_plain_backwards_gradients() {
         }
         eprintln!("{name}: checkpointed gradients within {worst:e} (relative)");
         assert!(worst < 1e-4, "{name}: {worst}");
+        if name.ends_with("dropout") {
+            let again = score_at_temperature(agent, &pairs, Pass::Training, 2, 0.8).unwrap();
+            assert!(
+                max_diff(&plain.logprobs, &again.logprobs) > 1e-3,
+                "{name}: the dropout masks matter"
+            );
+        }
     }
 }

@@ -531,6 +531,39 @@ fn verifier_train_stopped_and_resumed_ends_exactly_as_an_uninterrupted_run() {
     );
 }
 
+/// With activation checkpointing, for both losses: the same metrics and the same verifier,
+/// byte for byte, as without (the recomputed layers run the same ops on the same inputs).
+#[test]
+fn verifier_train_with_activation_checkpointing_trains_the_plain_verifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    write_jsonl(&data, &synthetic(8, 2, 4)).unwrap();
+    for loss in ["all-tokens", "last-token"] {
+        let runs: Vec<_> = ["false", "true"]
+            .iter()
+            .map(|on| {
+                let run = dir.path().join(format!("{loss}-{on}"));
+                let sets = [
+                    format!("verifier.train.loss={loss}"),
+                    format!("verifier.train.activation_checkpointing={on}"),
+                ];
+                verifier_train(&model, &data, &run, &["--set", &sets[0], "--set", &sets[1]]);
+                (
+                    verifier_metrics(&run),
+                    files(&run.join("checkpoints/final")),
+                )
+            })
+            .collect();
+        assert_eq!(runs[0].0.len(), 2, "{loss}: one line per epoch");
+        assert_ne!(
+            runs[0].0[0]["train_loss"], runs[0].0[1]["train_loss"],
+            "{loss}: the verifier trains"
+        );
+        assert_eq!(runs[0], runs[1], "{loss}");
+    }
+}
+
 /// A tiny llama (an HF folder, SmolLM2's tokenizer, a ChatML template) that answers every
 /// prompt with "1" or "2", each with probability 1/2 at any temperature: its layers add
 /// nothing to the residual (o_proj and down_proj are zero), every embedding carries 10 in

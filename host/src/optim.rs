@@ -14,6 +14,7 @@ use anyhow::{anyhow, bail, Context};
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
 use crate::distributed::World;
+use crate::model::Checkpoint;
 
 /// AdamW's hyper-parameters (learning rate aside, which the schedule sets every step).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -472,37 +473,61 @@ pub(crate) fn gather_parts(
     Ok(all)
 }
 
+/// A loss to minimize, and, when its forward was checkpointed, what completes its backward
+/// below the last layer for the tensors being trained.
+pub(crate) struct Loss {
+    pub(crate) value: Tensor,
+    pub(crate) checkpoint: Option<(Checkpoint, Vec<Var>)>,
+}
+
+impl Loss {
+    fn value(&self) -> anyhow::Result<f32> {
+        Ok(self.value.to_scalar::<f32>()?)
+    }
+
+    /// The gradients of every tensor being trained.
+    pub(crate) fn gradients(self) -> anyhow::Result<GradStore> {
+        let grads = self.value.backward()?;
+        Ok(match self.checkpoint {
+            Some((checkpoint, vars)) => checkpoint.backward(grads, &vars)?,
+            None => grads,
+        })
+    }
+}
+
 /// One optimizer step on a minibatch of `n` items shared between `world`'s ranks (a
 /// supervised update: SFT, the learned verifier). Rank r computes `part(range)` over its
 /// contiguous share of the items ([`shard`](crate::distributed::shard)): the loss of those
 /// items, weighted so that the parts add up to the minibatch's loss, and that weighted
 /// loss's value; the ranks exchange the gradients and every rank adds them in rank order
 /// before the step, so every rank takes the same step, the one a single process takes on
-/// the whole minibatch (up to the rounding of the sum). On one rank it is `part(0..n)` and
-/// [`AgentOptimizer::minimize`], as without ranks. Returns the gradient norm before
+/// the whole minibatch (up to the rounding of the sum). On one rank it is `part(0..n)`, its
+/// gradients and a step, as without ranks. Returns the gradient norm before
 /// clipping and the minibatch's loss (the parts' values summed in rank order).
 pub(crate) fn shared_step(
     world: &dyn World,
     optimizer: &mut AgentOptimizer,
     n: usize,
     max_norm: f64,
-    mut part: impl FnMut(std::ops::Range<usize>) -> anyhow::Result<Tensor>,
+    mut part: impl FnMut(std::ops::Range<usize>) -> anyhow::Result<Loss>,
 ) -> anyhow::Result<(f64, f32)> {
     let (rank, size) = (world.rank(), world.size());
     if size == 1 {
         let loss = part(0..n)?;
-        let norm = optimizer.minimize(&loss, max_norm)?;
-        return Ok((norm, loss.to_scalar::<f32>()?));
+        let value = loss.value()?;
+        optimizer.accumulate(&loss.gradients()?)?;
+        return Ok((optimizer.step(max_norm)?, value));
     }
     let share = crate::distributed::shard(n, rank, size);
     let mine = if share.is_empty() {
         Vec::new()
     } else {
         let loss = part(share)?;
-        let (present, grads) = optimizer.flatten(&loss.backward()?)?;
+        let value = loss.value()?;
+        let (present, grads) = optimizer.flatten(&loss.gradients()?)?;
         vec![Part {
             index: rank as u32,
-            stats: [loss.to_scalar::<f32>()?, 0.0, 0.0, 0.0, 0.0],
+            stats: [value, 0.0, 0.0, 0.0, 0.0],
             present,
             grads,
         }]
@@ -848,7 +873,10 @@ mod tests {
                 let x = Tensor::from_vec(x, (share.len(), 3), &Device::Cpu)?;
                 let y = Tensor::from_slice(&ys[share.clone()], share.len(), &Device::Cpu)?;
                 let pred = x.matmul(&w.as_tensor().unsqueeze(1)?)?.squeeze(1)?;
-                Ok(((pred - y)?.sqr()?.sum_all()? / n as f64)?)
+                Ok(Loss {
+                    value: ((pred - y)?.sqr()?.sum_all()? / n as f64)?,
+                    checkpoint: None,
+                })
             })
             .unwrap();
         }

@@ -202,6 +202,10 @@ pub struct SftConfig {
     /// it off. The masks come from a stream per agent, so under several ranks a minibatch
     /// split between them draws other masks than one process would.
     pub lora_dropout: f64,
+    /// Activation checkpointing, as `train.ppo.activation_checkpointing`: each batch's
+    /// forward keeps only every layer's input and its backward runs the layers again (the
+    /// same dropout masks), for long responses.
+    pub activation_checkpointing: bool,
 }
 
 impl Default for SftConfig {
@@ -212,6 +216,7 @@ impl Default for SftConfig {
             batch_size: 8,
             lr: 1e-4,
             lora_dropout: 0.0,
+            activation_checkpointing: false,
         }
     }
 }

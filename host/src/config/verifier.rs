@@ -98,6 +98,9 @@ pub struct VerifierTrainConfig {
     pub checkpoint_every: usize,
     /// How many of the newest checkpoints are kept (0: all).
     pub keep_checkpoints: usize,
+    /// Activation checkpointing, as `train.ppo.activation_checkpointing`: each batch's
+    /// forward keeps only every layer's input and its backward runs the layers again.
+    pub activation_checkpointing: bool,
 }
 
 impl Default for VerifierTrainConfig {
@@ -116,6 +119,7 @@ impl Default for VerifierTrainConfig {
             val_fraction: 0.1,
             checkpoint_every: 100,
             keep_checkpoints: 3,
+            activation_checkpointing: false,
         }
     }
 }

@@ -252,7 +252,9 @@ struct Around<'a> {
 /// What [`Base::forward_checkpointed`] kept to carry a gradient through the layers later.
 pub struct Checkpoint {
     base: Arc<Base>,
-    lora: Option<super::lora::Lora>,
+    /// The adapter as each layer met it: with dropout on, each copy draws the masks that
+    /// layer drew in the forward ([`Lora::replay`](super::lora::Lora::replay)).
+    loras: Vec<Option<super::lora::Lora>>,
     ids: Tensor,
     mask: Option<Tensor>,
     cos: Tensor,
@@ -279,13 +281,13 @@ impl Checkpoint {
             // The loss does not depend on the layers: nothing below gets a gradient.
             return Ok(grads);
         };
-        let around = Around {
-            mask: self.mask.as_ref(),
-            cos: &self.cos,
-            sin: &self.sin,
-            lora: self.lora.as_ref().map(|l| l as &dyn Adapter),
-        };
         for li in (0..self.inputs.len()).rev() {
+            let around = Around {
+                mask: self.mask.as_ref(),
+                cos: &self.cos,
+                sin: &self.sin,
+                lora: self.loras[li].as_ref().map(|l| l as &dyn Adapter),
+            };
             let leaf;
             let x = if li == 0 {
                 self.base.embed(&self.ids)?
@@ -830,7 +832,8 @@ impl Base {
     /// starts at the last layer's output (a leaf). After the loss's backward,
     /// [`Checkpoint::backward`] runs the layers again, one at a time from the last, each
     /// with its graph, to carry the gradient down: memory for one layer's activations
-    /// instead of all of them, for one more forward pass.
+    /// instead of all of them, for one more forward pass. An adapter's dropout drops the
+    /// same elements in the recomputation as in this forward.
     pub(crate) fn forward_checkpointed(
         self: &Arc<Self>,
         ids: &Tensor,
@@ -846,7 +849,9 @@ impl Base {
         };
         let mut x = self.embed(ids)?.detach();
         let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut loras = Vec::with_capacity(self.layers.len());
         for li in 0..self.layers.len() {
+            loras.push(lora.map(super::lora::Lora::replay));
             let y = self.block(li, &x, None, &around, false)?.detach();
             inputs.push(x);
             x = y;
@@ -857,7 +862,7 @@ impl Base {
             out,
             Checkpoint {
                 base: self.clone(),
-                lora: lora.cloned(),
+                loras,
                 ids: ids.clone(),
                 mask,
                 cos,

@@ -130,6 +130,21 @@ impl Lora {
         Ok(())
     }
 
+    /// A copy (the same weights) whose dropout draws, from now on, the masks this one draws
+    /// next, without advancing this one's stream: a forward replayed from here drops what
+    /// it dropped (activation checkpointing's recomputation).
+    pub(crate) fn replay(&self) -> Lora {
+        let mut copy = self.clone();
+        if let Some(d) = &self.dropout {
+            let rng = d.rng.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            copy.dropout = Some(Arc::new(Dropout {
+                p: d.p,
+                rng: Mutex::new(rng),
+            }));
+        }
+        copy
+    }
+
     /// Whether dropout is on (its output then is not a function of its weights alone).
     pub fn dropout_on(&self) -> bool {
         self.dropout.is_some()

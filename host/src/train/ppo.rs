@@ -25,7 +25,7 @@ use crate::model::{
     score_at_temperature, score_checkpointed, score_shared_prefixes, Agent, PolicyTrace,
     PrefixScored,
 };
-use crate::optim::{gather_parts, AgentOptimizer, Part};
+use crate::optim::{gather_parts, AgentOptimizer, Loss, Part};
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
 /// at (1-based), and its shaped reward.
@@ -409,10 +409,11 @@ pub fn ppo_step_in(
                     );
                 }
                 let started = Instant::now();
-                let mut grads = (loss * share)?.backward()?;
-                if let Some(c) = checkpoint {
-                    grads = c.backward(grads, &trainable)?;
+                let grads = Loss {
+                    value: (loss * share)?,
+                    checkpoint: checkpoint.map(|c| (c, trainable.clone())),
                 }
+                .gradients()?;
                 let share = share as f32;
                 let part_stats = [
                     share * pg.to_scalar::<f32>()?,

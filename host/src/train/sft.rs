@@ -26,8 +26,8 @@ use crate::checkpoint::{replace_dir, Checkpoints};
 use crate::config::Config;
 use crate::debate::{self, Debate, PluginHashes, Rollout};
 use crate::distributed as dist;
-use crate::model::{score, Lora, LoraConfig};
-use crate::optim::{shared_step, AgentOptimizer};
+use crate::model::{score, score_checkpointed, Lora, LoraConfig};
+use crate::optim::{shared_step, AgentOptimizer, Loss};
 use crate::session::{held_out, tasks, Progress, Session};
 
 /// One line of `metrics.jsonl`: an epoch of one agent.
@@ -171,8 +171,17 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                             .iter()
                             .map(|&i| (samples[i].prompt.clone(), samples[i].response.clone()))
                             .collect();
-                        let scored = score(agent, &pairs, Pass::Training, t.ppo.chunk)?;
-                        Ok(((&scored.logprobs * &scored.mask)?.sum_all()?.neg()? / n as f64)?)
+                        let (scored, checkpoint) = if sft.activation_checkpointing {
+                            let (s, c) = score_checkpointed(agent, &pairs, t.ppo.chunk, 1.0)?;
+                            (s, Some((c, agent.trainable_vars())))
+                        } else {
+                            (score(agent, &pairs, Pass::Training, t.ppo.chunk)?, None)
+                        };
+                        Ok(Loss {
+                            value: ((&scored.logprobs * &scored.mask)?.sum_all()?.neg()?
+                                / n as f64)?,
+                            checkpoint,
+                        })
                     },
                 )
                 .with_context(|| format!("fine-tuning agent {a} in epoch {epoch}"))?;

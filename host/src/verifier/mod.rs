@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::files::expand_home;
-use crate::model::{Agent, ChatMessage, ChatTemplate, Lora, ValueHead};
+use crate::model::{Agent, ChatMessage, ChatTemplate, Checkpoint, Lora, ValueHead};
 use crate::plugin::Judge;
 
 /// The head's weights inside a checkpoint.
@@ -215,6 +215,36 @@ impl VerifierModel {
         pairs: &[(Vec<u32>, Vec<u32>)],
         pass: Pass,
     ) -> anyhow::Result<ResponseLogits> {
+        self.logits_after(pairs, |ids, pads| self.agent.forward(ids, pads, None, pass))
+    }
+
+    /// [`response_logits`](Self::response_logits) on the differentiable path with activation
+    /// checkpointing: the result's backward stops at the last decoder layer, and
+    /// [`Checkpoint::backward`] completes it (see
+    /// [`score_checkpointed`](crate::model::score_checkpointed)).
+    pub fn response_logits_checkpointed(
+        &self,
+        pairs: &[(Vec<u32>, Vec<u32>)],
+    ) -> anyhow::Result<(ResponseLogits, Checkpoint)> {
+        let mut kept = None;
+        let logits = self.logits_after(pairs, |ids, pads| {
+            let (hidden, checkpoint) =
+                self.agent
+                    .base
+                    .forward_checkpointed(ids, pads, self.agent.lora.as_ref())?;
+            kept = Some(checkpoint);
+            Ok(hidden)
+        })?;
+        Ok((logits, kept.context("internal: no forward ran")?))
+    }
+
+    /// The head's logits on the response positions of `pairs`, from the final hidden states
+    /// that `forward` computes of the left-padded (ids, pads).
+    fn logits_after(
+        &self,
+        pairs: &[(Vec<u32>, Vec<u32>)],
+        forward: impl FnOnce(&Tensor, &[usize]) -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<ResponseLogits> {
         let head = self
             .agent
             .value_head
@@ -227,7 +257,7 @@ impl VerifierModel {
         let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
         let len = ids.dim(1)?;
         let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(1);
-        let hidden = self.agent.forward(&ids, &pads, None, pass)?;
+        let hidden = forward(&ids, &pads)?;
         let logits = head.forward(&hidden.narrow(1, len - r_max, r_max)?.contiguous()?)?;
         let mask: Vec<f32> = pairs
             .iter()

@@ -30,7 +30,7 @@ use crate::config::VerifierTrainConfig;
 use crate::distributed as dist;
 use crate::files::write_atomic;
 use crate::model::{Lora, LoraConfig, ValueHead};
-use crate::optim::{learning_rate, shared_step, AgentOptimizer};
+use crate::optim::{learning_rate, shared_step, AgentOptimizer, Loss};
 
 /// Bumped when the checkpoint layout changes (2: the epoch's running loss).
 const FORMAT: u32 = 2;
@@ -344,15 +344,21 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                     .map(|&i| f32::from(u8::from(labels[i])))
                     .collect();
                 let y = Tensor::from_vec(y, (part.len(), 1), model.agent.base.device())?;
-                let out = model.response_logits(&pairs, Pass::Training)?;
+                let (out, checkpoint) = if t.activation_checkpointing {
+                    let (out, c) = model.response_logits_checkpointed(&pairs)?;
+                    (out, Some((c, model.agent.trainable_vars())))
+                } else {
+                    (model.response_logits(&pairs, Pass::Training)?, None)
+                };
                 let z = out.logits.to_dtype(DType::F32)?;
-                Ok(if t.loss == "last-token" {
+                let value = if t.loss == "last-token" {
                     let r = z.dim(1)?;
                     (bce_with_logits(&z.narrow(1, r - 1, 1)?, &y)?.sum_all()? / batch.len() as f64)?
                 } else {
                     let per_token = bce_with_logits(&z, &y.broadcast_as(z.shape())?.contiguous()?)?;
                     ((per_token * &out.mask)?.sum_all()? / tokens as f64)?
-                })
+                };
+                Ok(Loss { value, checkpoint })
             },
         )
         .with_context(|| format!("verifier training step {}", step + 1))?;
