@@ -150,3 +150,70 @@ fn smollm2_logits_follow_candle_quantized_llama_on_the_same_gguf() {
     };
     assert_eq!(am(&ours), am(&theirs));
 }
+
+/// Activation checkpointing on the real model, every projection adapted, with and without
+/// LoRA dropout: the recomputed layers give the plain backward's gradients, bit for bit.
+#[test]
+fn smollm2_checkpointed_gradients_are_the_plain_ones() {
+    use maporl::model::{score, score_checkpointed, Lora, LoraConfig};
+    let loaded = load(&support::smollm2(), DType::F32, &Device::Cpu).unwrap();
+    // A prompt and a response over one logits chunk, and a shorter pair (left padding).
+    let ids = |n: u32, from: u32| (0..n).map(|i| from + (i * 37) % 5000).collect::<Vec<u32>>();
+    let pairs = vec![(ids(150, 1), ids(80, 7)), (ids(60, 11), ids(30, 13))];
+    for dropout in [0.0, 0.05] {
+        let mut agent = Agent::new(Arc::new(loaded.base.clone()));
+        let cfg = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        };
+        let lora = Lora::new(&agent.base, cfg, 1).unwrap();
+        // B away from 0, as after a step: the adapters (and their dropout) change the forward.
+        for (i, (_, v)) in lora.named_vars().into_iter().enumerate() {
+            let vals: Vec<f32> = (0..v.elem_count())
+                .map(|j| 0.02 * ((i * 7919 + j * 104729) % 201) as f32 / 100.0 - 0.02)
+                .collect();
+            v.set(&candle_core::Tensor::from_vec(vals, v.dims(), &Device::Cpu).unwrap())
+                .unwrap();
+        }
+        agent.lora = Some(lora);
+        let restart = |agent: &mut Agent| {
+            agent
+                .lora
+                .as_mut()
+                .unwrap()
+                .set_dropout(dropout, 5)
+                .unwrap();
+        };
+        let loss = |s: &maporl::model::Scored| (&s.logprobs * &s.mask).unwrap().sum_all().unwrap();
+        restart(&mut agent);
+        let vars = agent.trainable_vars();
+        let plain = score(&agent, &pairs, Pass::Training, 64).unwrap();
+        let want = loss(&plain).backward().unwrap();
+        restart(&mut agent);
+        let (kept, checkpoint) = score_checkpointed(&agent, &pairs, 64, 1.0).unwrap();
+        let got = checkpoint
+            .backward(loss(&kept).backward().unwrap(), &vars)
+            .unwrap();
+        for (n, v) in agent.named_trainable_vars() {
+            let bits = |g: &candle_core::backprop::GradStore| {
+                let t = g
+                    .get(v.as_tensor())
+                    .unwrap_or_else(|| panic!("no gradient for {n}"));
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            };
+            assert!(bits(&want) == bits(&got), "dropout {dropout}: {n}");
+        }
+    }
+}

@@ -847,14 +847,22 @@ impl Base {
             sin: &sin,
             lora: lora.map(|l| l as &dyn Adapter),
         };
-        let mut x = self.embed(ids)?.detach();
+        // Each layer runs on an input that carries a gradient exactly when the plain
+        // forward's does (a leaf copy of the kept input, its graph dropped with the layer's
+        // output): the kernels choose their paths by that (the frozen products), so the
+        // outputs are the plain forward's bit for bit.
+        let mut x = self.embed(ids)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut loras = Vec::with_capacity(self.layers.len());
         for li in 0..self.layers.len() {
             loras.push(lora.map(super::lora::Lora::replay));
-            let y = self.block(li, &x, None, &around, false)?.detach();
-            inputs.push(x);
-            x = y;
+            let y = self.block(li, &x, None, &around, false)?;
+            inputs.push(x.detach());
+            x = if y.track_op() {
+                Var::from_tensor(&y.detach())?.as_tensor().clone()
+            } else {
+                y
+            };
         }
         let top = Var::from_tensor(&x)?;
         let out = self.rms_norm(top.as_tensor(), &self.norm, false)?;
