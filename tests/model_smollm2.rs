@@ -162,21 +162,12 @@ fn smollm2_checkpointed_gradients_are_the_plain_ones() {
     let pairs = vec![(ids(150, 1), ids(80, 7)), (ids(60, 11), ids(30, 13))];
     for dropout in [0.0, 0.05] {
         let mut agent = Agent::new(Arc::new(loaded.base.clone()));
+        // Every projection of a llama layer.
+        let targets = ["q", "k", "v", "o", "gate", "up", "down"];
         let cfg = LoraConfig {
             r: 4,
             alpha: 8.0,
-            target_modules: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            target_modules: targets.iter().map(|t| format!("{t}_proj")).collect(),
         };
         let lora = Lora::new(&agent.base, cfg, 1).unwrap();
         // B away from 0, as after a step: the adapters (and their dropout) change the forward.

@@ -81,6 +81,18 @@ fn without_timings(lines: &[serde_json::Value]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The final adapters' weights of agents 0..n of `run`.
+fn final_adapters(run: &Path, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|a| {
+            std::fs::read(run.join(format!(
+                "checkpoints/final/agent-{a}/adapter_model.safetensors"
+            )))
+            .unwrap()
+        })
+        .collect()
+}
+
 fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-qwen2");
     std::fs::create_dir(&model).unwrap();
@@ -140,15 +152,7 @@ fn sft_with_activation_checkpointing_makes_the_plain_updates() {
             &set,
         ];
         let lines = without_timings(&train(&run, &model, &sft));
-        let adapters: Vec<Vec<u8>> = (0..2)
-            .map(|a| {
-                std::fs::read(run.join(format!(
-                    "checkpoints/final/agent-{a}/adapter_model.safetensors"
-                )))
-                .unwrap()
-            })
-            .collect();
-        runs.push((lines, adapters));
+        runs.push((lines, final_adapters(&run, 2)));
     }
     assert_eq!(runs[0].0, runs[1].0);
     assert!(runs[0].1 == runs[1].1, "the adapters differ");
@@ -180,15 +184,7 @@ fn agents_updated_side_by_side_make_the_one_by_one_updates() {
         );
         assert!(out.status.success(), "{}", text(&out));
         let lines = without_timings(&metrics(&run));
-        let adapters: Vec<Vec<u8>> = (0..2)
-            .map(|a| {
-                std::fs::read(run.join(format!(
-                    "checkpoints/final/agent-{a}/adapter_model.safetensors"
-                )))
-                .unwrap()
-            })
-            .collect();
-        runs.push((lines, adapters));
+        runs.push((lines, final_adapters(&run, 2)));
     }
     assert_eq!(runs[0].0, runs[1].0);
     assert!(runs[0].1 == runs[1].1, "the adapters differ");
