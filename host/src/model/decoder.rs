@@ -849,8 +849,9 @@ impl Base {
         };
         // Each layer runs on an input that carries a gradient exactly when the plain
         // forward's does (a leaf copy of the kept input, its graph dropped with the layer's
-        // output): the kernels choose their paths by that (the frozen products), so the
-        // outputs are the plain forward's bit for bit.
+        // output), so that every op takes the plain forward's path: some choose by it (the
+        // frozen products), and on detached inputs a whole SmolLM2 SFT run ended with
+        // adapters other than the plain run's by rounding (BENCHMARKS.md).
         let mut x = self.embed(ids)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut loras = Vec::with_capacity(self.layers.len());
