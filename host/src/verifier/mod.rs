@@ -215,7 +215,9 @@ impl VerifierModel {
         pairs: &[(Vec<u32>, Vec<u32>)],
         pass: Pass,
     ) -> anyhow::Result<ResponseLogits> {
-        self.logits_after(pairs, |ids, pads| self.agent.forward(ids, pads, None, pass))
+        let (ids, pads) = self.padded(pairs)?;
+        let hidden = self.agent.forward(&ids, &pads, None, pass)?;
+        self.head_logits(pairs, &hidden)
     }
 
     /// [`response_logits`](Self::response_logits) on the differentiable path with activation
@@ -226,38 +228,37 @@ impl VerifierModel {
         &self,
         pairs: &[(Vec<u32>, Vec<u32>)],
     ) -> anyhow::Result<(ResponseLogits, Checkpoint)> {
-        let mut kept = None;
-        let logits = self.logits_after(pairs, |ids, pads| {
-            let (hidden, checkpoint) =
-                self.agent
-                    .base
-                    .forward_checkpointed(ids, pads, self.agent.lora.as_ref())?;
-            kept = Some(checkpoint);
-            Ok(hidden)
-        })?;
-        Ok((logits, kept.context("internal: no forward ran")?))
+        let (ids, pads) = self.padded(pairs)?;
+        let (hidden, checkpoint) =
+            self.agent
+                .base
+                .forward_checkpointed(&ids, &pads, self.agent.lora.as_ref())?;
+        Ok((self.head_logits(pairs, &hidden)?, checkpoint))
     }
 
-    /// The head's logits on the response positions of `pairs`, from the final hidden states
-    /// that `forward` computes of the left-padded (ids, pads).
-    fn logits_after(
+    /// The left-padded (prompt, response) sequences of `pairs` and their padding.
+    fn padded(&self, pairs: &[(Vec<u32>, Vec<u32>)]) -> anyhow::Result<(Tensor, Vec<usize>)> {
+        let seqs: Vec<Vec<u32>> = pairs
+            .iter()
+            .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
+            .collect();
+        left_pad(&seqs, self.agent.base.device())
+    }
+
+    /// The head's logits on the response positions of `pairs`, from their padded sequences'
+    /// final hidden states.
+    fn head_logits(
         &self,
         pairs: &[(Vec<u32>, Vec<u32>)],
-        forward: impl FnOnce(&Tensor, &[usize]) -> anyhow::Result<Tensor>,
+        hidden: &Tensor,
     ) -> anyhow::Result<ResponseLogits> {
         let head = self
             .agent
             .value_head
             .as_ref()
             .context("internal: the verifier has no head")?;
-        let seqs: Vec<Vec<u32>> = pairs
-            .iter()
-            .map(|(p, r)| [p.as_slice(), r.as_slice()].concat())
-            .collect();
-        let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
-        let len = ids.dim(1)?;
+        let len = hidden.dim(1)?;
         let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(1);
-        let hidden = forward(&ids, &pads)?;
         let logits = head.forward(&hidden.narrow(1, len - r_max, r_max)?.contiguous()?)?;
         let mask: Vec<f32> = pairs
             .iter()
