@@ -83,6 +83,8 @@ struct Group<'a> {
     spans: &'a [(usize, usize)],
     dims: Dims,
     scale: f32,
+    /// Whether forward keeps the weights for a backward (not when inferring).
+    keep: bool,
 }
 
 impl<'a> Group<'a> {
@@ -349,6 +351,7 @@ fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut Vec<f32>) 
         spans,
         dims,
         scale,
+        keep,
     } = group;
     let Dims { rt, d, s, .. } = dims;
     let kt = transposed(k, d);
@@ -374,7 +377,9 @@ fn group_forward<const D: usize>(group: Group, y: &mut [f32], p: &mut Vec<f32>) 
                 row[..l - lo].fill(0.0);
                 row[h - lo..].fill(0.0);
             }
-            p.extend_from_slice(&scores[..R * len]);
+            if keep {
+                p.extend_from_slice(&scores[..R * len]);
+            }
         }};
     }
     in_blocks!(rt, r0 => rows!(r0, BLOCK), rows!(r0, 1));
@@ -575,9 +580,23 @@ pub(crate) fn forward(
     dims: Dims,
     scale: f32,
 ) -> Result<(Vec<f32>, Weights), String> {
-    forward_on(Path::best(), q, k, v, mask, dims, scale)
+    forward_on(Path::best(), q, k, v, mask, dims, scale, true)
 }
 
+/// [`forward`]'s output alone, keeping no weights: prefill and scoring, which need no
+/// backward, round as the training forward does.
+pub(crate) fn infer(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<&[f32]>,
+    dims: Dims,
+    scale: f32,
+) -> Result<Vec<f32>, String> {
+    forward_on(Path::best(), q, k, v, mask, dims, scale, false).map(|(y, _)| y)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn forward_on(
     path: Path,
     q: &[f32],
@@ -586,6 +605,7 @@ fn forward_on(
     mask: Option<&[f32]>,
     dims: Dims,
     scale: f32,
+    keep: bool,
 ) -> Result<(Vec<f32>, Weights), String> {
     dims.check(q.len(), k.len(), mask.map(<[f32]>::len))?;
     if v.len() != k.len() {
@@ -601,11 +621,14 @@ fn forward_on(
         spans: &spans,
         dims,
         scale,
+        keep,
     };
     let mut y = vec![0f32; b * g * rt * d];
-    let mut groups: Vec<Vec<f32>> = (0..b * g)
-        .map(|bg| Vec::with_capacity(kept_len(&spans[bg / g * t..][..t], rt, t)))
-        .collect();
+    let kept = |bg: usize| match keep {
+        true => kept_len(&spans[bg / g * t..][..t], rt, t),
+        false => 0,
+    };
+    let mut groups: Vec<Vec<f32>> = (0..b * g).map(|bg| Vec::with_capacity(kept(bg))).collect();
     if !y.is_empty() && s > 0 {
         y.par_chunks_mut(rt * d)
             .zip(groups.par_iter_mut())
@@ -677,6 +700,7 @@ fn backward_on(
         spans,
         dims,
         scale,
+        keep: false,
     };
     let size = |want: bool, n: usize| if want { n } else { 0 };
     let (nq, nk, nv) = (
@@ -935,7 +959,7 @@ mod tests {
         for i in 0..CASES.len() {
             let (dims, q, k, v, w, m) = case(i);
             let run = |path: Path| {
-                let (y, p) = forward_on(path, &q, &k, &v, m.as_deref(), dims, 0.5).unwrap();
+                let (y, p) = forward_on(path, &q, &k, &v, m.as_deref(), dims, 0.5, true).unwrap();
                 let g = backward_on(path, &q, &k, &v, &p, &w, 0.5, [true; 3]);
                 (y, p, g.unwrap())
             };
@@ -945,6 +969,31 @@ mod tests {
                     run(path) == best,
                     "case {i}: {path:?} against {:?}",
                     Path::best()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn inferring_gives_the_training_forwards_output_and_keeps_nothing() {
+        for i in 0..CASES.len() {
+            let (dims, q, k, v, _, m) = case(i);
+            let (y, _) = forward(&q, &k, &v, m.as_deref(), dims, 0.5).unwrap();
+            assert_eq!(
+                infer(&q, &k, &v, m.as_deref(), dims, 0.5).unwrap(),
+                y,
+                "case {i}"
+            );
+            for path in Path::available() {
+                let (y, p) = forward_on(path, &q, &k, &v, m.as_deref(), dims, 0.5, false).unwrap();
+                assert!(
+                    p.groups.iter().all(Vec::is_empty),
+                    "case {i}: {path:?} kept weights"
+                );
+                assert_eq!(
+                    infer(&q, &k, &v, m.as_deref(), dims, 0.5).unwrap(),
+                    y,
+                    "case {i}"
                 );
             }
         }

@@ -203,8 +203,9 @@ pub struct Kernels {
     /// product for decoding).
     pub frozen_matmul: bool,
     /// The ops with their own backward on the training path: RMS norm, rope, attention,
-    /// SiLU gating, token log-probs, a linear layer with its LoRA adapter; and attention
-    /// without a graph in place (prefill and scoring).
+    /// SiLU gating, token log-probs, a linear layer with its LoRA adapter; and, without a
+    /// graph and rounded as on the training path, attention (prefill and scoring) and SiLU
+    /// gating.
     pub fused_ops: bool,
 }
 
@@ -1092,7 +1093,8 @@ impl Base {
             }
         };
         let gated = match self.cfg.hidden_act {
-            Act::Silu if train && fused::applies(self.kernels.fused_ops, &[&g, &u]) => {
+            // One pass, rounded alike with or without a graph (training, prefill, decoding).
+            Act::Silu if fused::applies(self.kernels.fused_ops, &[&g, &u]) => {
                 fused::silu_mul(&g, &u)?
             }
             Act::Silu => (g.silu()? * u)?,

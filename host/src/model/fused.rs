@@ -6,8 +6,8 @@
 //! each leave several activation-sized tensors behind and cost as many passes again in
 //! backward. Each op here produces one tensor and computes its gradient in one or two passes:
 //! a SmolLM2 LoRA train step (8 × 128 tokens) needs less than half the memory (BENCHMARKS.md).
-//! Attention also has a path without a graph (prefill and scoring), in place and with
-//! candle's own rounding. Rows are split over the rayon pool, each row computed by one thread
+//! Attention also has a path without a graph (prefill and scoring) that keeps no weights and
+//! rounds as the training forward. Rows are split over the rayon pool, each row computed by one thread
 //! in a fixed order, so results do not depend on the number of threads.
 //! Other devices and dtypes take the elementary ops ([`applies`] decides);
 //! `tests/model_kernels.rs` checks every op and its gradients against them.
@@ -236,83 +236,6 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------
 // Attention: softmax(q kᵀ · scale + mask) v, one differentiable op.
 
-/// exp(d) for d = x − max ≤ 0. Below −104 the exact value is under half the smallest f32
-/// subnormal, so it rounds to 0: masked positions (−1e9) skip libm's slow underflow path.
-fn exp_shifted(d: f32) -> f32 {
-    if d < -104.0 {
-        0.0
-    } else {
-        d.exp()
-    }
-}
-
-/// Turns scores (batch, heads, t, s) in place into softmax(scores · scale + mask) over the
-/// last dimension, as candle's `softmax_last_dim`, bit for bit (libm's exponentials, its
-/// vectorised sum, then a division; candle's affine adds a +0.0, which changes no
-/// exponential), so that generation gives the transcripts it gave before this op. Any layout
-/// whose rows run (batch, …, t) works, such as grouped-query attention's (batch, kv heads,
-/// n_rep · t, s); the mask (batch, 1, t, s) is additive.
-struct AttentionWeights<'a> {
-    scale: f32,
-    t: usize,
-    mask: Option<&'a Tensor>,
-}
-
-impl candle_core::InplaceOp1 for AttentionWeights<'_> {
-    fn name(&self) -> &'static str {
-        "attention-weights"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
-        use candle_core::cpu::kernels::VecOps;
-        let CpuStorage::F32(v) = storage else {
-            bail!("attention weights: expected f32, got {:?}", storage.dtype())
-        };
-        let Some((o1, o2)) = layout.contiguous_offsets() else {
-            bail!("attention weights: expected contiguous scores")
-        };
-        let xs = &mut v[o1..o2];
-        let (dims, t) = (layout.dims(), self.t);
-        if xs.is_empty() {
-            return Ok(()); // no rows, as in an empty batch
-        }
-        if dims.len() < 3 || t == 0 || !dims[dims.len() - 2].is_multiple_of(t) {
-            bail!("attention weights: scores {dims:?} are not (batch, .., {t}, s) rows");
-        }
-        let (b, s) = (dims[0], dims[dims.len() - 1]);
-        let per_batch = xs.len() / (b * s);
-        let guard = self.mask.map(|m| m.storage_and_layout());
-        let mask = match &guard {
-            Some((ms, ml)) => {
-                let m = tensor_f32s(ms, ml, "attention mask")?;
-                if m.len() != b * t * s {
-                    bail!("attention weights: the mask does not cover ({b}, 1, {t}, {s})");
-                }
-                Some(m)
-            }
-            None => None,
-        };
-        let scale = self.scale;
-        xs.par_chunks_mut(s).enumerate().for_each(|(k, row)| {
-            let mr = mask.map(|m| &m[(k / per_batch * t + k % t) * s..][..s]);
-            match mr {
-                Some(mr) => row
-                    .iter_mut()
-                    .zip(mr)
-                    .for_each(|(y, m)| *y = *y * scale + m),
-                None => row.iter_mut().for_each(|y| *y *= scale),
-            }
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            row.iter_mut().for_each(|y| *y = exp_shifted(*y - max));
-            let mut sum = 0f32;
-            // SAFETY: `row` holds s > 0 elements.
-            unsafe { f32::vec_reduce_sum(row.as_ptr(), &mut sum, s) };
-            row.iter_mut().for_each(|y| *y /= sum);
-        });
-        Ok(())
-    }
-}
-
 /// The result an op computed before joining the graph, handed to candle by its `cpu_fwd`
 /// (once).
 type Handed = std::sync::Mutex<Option<(Vec<f32>, Shape)>>;
@@ -422,25 +345,9 @@ pub(crate) fn attention(
     scale: f64,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let mask = mask.map(|m| m.contiguous()).transpose()?;
-    let (b, g, rt, d) = q.dims4()?;
-    let s = k.dim(2)?;
-    let dims = super::attention::Dims { b, g, rt, t, s, d };
-    let (y, p) = {
-        let (qr, kr, vr) = (Read::new(&q), Read::new(&k), Read::new(&v));
-        let mr = mask.as_ref().map(Read::new);
-        let ms = mr.as_ref().map(|m| m.f32s("attention mask")).transpose()?;
-        super::attention::forward(
-            qr.f32s("attention q")?,
-            kr.f32s("attention k")?,
-            vr.f32s("attention v")?,
-            ms,
-            dims,
-            scale as f32,
-        )
-        .map_err(attention_error)?
-    };
+    let ((q, k, v), (y, p)) = attention_inputs(q, k, v, t, mask, |q, k, v, m, dims| {
+        super::attention::forward(q, k, v, m, dims, scale as f32)
+    })?;
     q.apply_op3(
         &k,
         &v,
@@ -452,7 +359,8 @@ pub(crate) fn attention(
     )
 }
 
-/// The same product without a graph (prefill and scoring), with candle's rounding.
+/// The same product without a graph (prefill and scoring): the training forward's output,
+/// bit for bit, with no weights kept.
 pub(crate) fn attention_inference(
     q: &Tensor,
     k: &Tensor,
@@ -461,14 +369,48 @@ pub(crate) fn attention_inference(
     scale: f64,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let p = q.detach().matmul(&k.detach().t()?)?;
-    let mask = mask.map(|m| m.contiguous()).transpose()?;
-    p.inplace_op1(&AttentionWeights {
-        scale: scale as f32,
-        t,
-        mask: mask.as_ref(),
+    let ((q, _, _), y) = attention_inputs(q, k, v, t, mask, |q, k, v, m, dims| {
+        super::attention::infer(q, k, v, m, dims, scale as f32)
     })?;
-    p.matmul(v)
+    Tensor::from_vec(y, q.shape(), q.device())
+}
+
+/// q, k and v made contiguous, and what `run` makes of their values, the mask's and their
+/// [`Dims`](super::attention::Dims) (t positions a sequence).
+type Inputs = (Tensor, Tensor, Tensor);
+fn attention_inputs<T>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    t: usize,
+    mask: Option<&Tensor>,
+    run: impl FnOnce(
+        &[f32],
+        &[f32],
+        &[f32],
+        Option<&[f32]>,
+        super::attention::Dims,
+    ) -> std::result::Result<T, String>,
+) -> Result<(Inputs, T)> {
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let mask = mask.map(|m| m.contiguous()).transpose()?;
+    let (b, g, rt, d) = q.dims4()?;
+    let s = k.dim(2)?;
+    let dims = super::attention::Dims { b, g, rt, t, s, d };
+    let out = {
+        let (qr, kr, vr) = (Read::new(&q), Read::new(&k), Read::new(&v));
+        let mr = mask.as_ref().map(Read::new);
+        let ms = mr.as_ref().map(|m| m.f32s("attention mask")).transpose()?;
+        run(
+            qr.f32s("attention q")?,
+            kr.f32s("attention k")?,
+            vr.f32s("attention v")?,
+            ms,
+            dims,
+        )
+        .map_err(attention_error)?
+    };
+    Ok(((q, k, v), out))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -870,16 +812,23 @@ mod tests {
     ];
 
     #[test]
-    fn attention_without_a_graph_is_candles_bit_for_bit() {
+    fn attention_without_a_graph_is_the_training_forward_bit_for_bit() {
         for (i, &(b, g, r, t, offset, pads)) in CASES.iter().enumerate() {
             let d = 4;
             let q = random(&[b, g, r * t, d], 10 + i as u64);
             let k = random(&[b, g, offset + t, d], 20 + i as u64);
             let v = random(&[b, g, offset + t, d], 30 + i as u64);
             let m = pads.map(|p| mask(&p, t, offset));
-            let want = flat(&elementary(&q, &k, &v, t, 0.5, m.as_ref(), true));
             let got = flat(&attention_inference(&q, &k, &v, t, 0.5, m.as_ref()).unwrap());
-            assert_eq!(got, want, "case {i}");
+            let train = flat(&attention(&q, &k, &v, t, 0.5, m.as_ref()).unwrap());
+            assert_eq!(got, train, "case {i}");
+            let want = flat(&elementary(&q, &k, &v, t, 0.5, m.as_ref(), true));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "case {i}: {worst} from candle's ops");
         }
     }
 
@@ -1026,7 +975,7 @@ mod tests {
         let e = attention_inference(&q, &k, &v, 4, 0.5, None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("are not (batch, .., 4, s) rows"), "{e}");
+        assert!(e.contains("6 query rows are not whole groups of 4"), "{e}");
         // A mask for another batch size.
         let m = mask(&[0], 3, 0);
         let e = attention(&q, &k, &v, 3, 0.5, Some(&m))
@@ -1039,7 +988,10 @@ mod tests {
         let e = attention_inference(&q, &k, &v, 3, 0.5, Some(&m))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("the mask does not cover (2, 1, 3, 3)"), "{e}");
+        assert!(
+            e.contains("the mask holds 9 values, not (2, 1, 3, 3)"),
+            "{e}"
+        );
         // Keys and values of different lengths.
         let e = attention(&q, &k, &random(&[2, 2, 4, 4], 3), 3, 0.5, None)
             .unwrap_err()
