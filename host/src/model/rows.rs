@@ -213,6 +213,7 @@ pub(crate) fn logprob_entropy_grad(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::Positions;
     use std::arch::x86_64::*;
 
     /// [`super::softmax_scaled`].
@@ -576,10 +577,10 @@ mod avx2 {
     /// dot products run as independent chains.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend<'a>(
+    pub(super) unsafe fn attend(
         q: &[f32],
-        keys: impl Iterator<Item = &'a [f32]>,
-        values: impl Iterator<Item = &'a [f32]>,
+        keys: Positions,
+        values: Positions,
         mask: Option<&[f32]>,
         scale: f32,
         p: &mut [f32],
@@ -587,14 +588,14 @@ mod avx2 {
     ) {
         let hd = q.len();
         let n8 = hd / 8 * 8;
-        let keys: Vec<&[f32]> = keys.collect();
+        let s = p.len();
         let mut j = 0;
-        while j + 4 <= keys.len() {
-            scores::<4>(q, &keys[j..j + 4], n8, &mut p[j..j + 4]);
+        while j + 4 <= s {
+            scores::<4>(q, &keys.rows::<4>(j), n8, &mut p[j..j + 4]);
             j += 4;
         }
-        while j < keys.len() {
-            scores::<1>(q, &keys[j..j + 1], n8, &mut p[j..j + 1]);
+        while j < s {
+            scores::<1>(q, &keys.rows::<1>(j), n8, &mut p[j..j + 1]);
             j += 1;
         }
         for (j, pj) in p.iter_mut().enumerate() {
@@ -618,14 +619,13 @@ mod avx2 {
         for pj in p.iter_mut() {
             *pj *= inv;
         }
-        let values: Vec<&[f32]> = values.collect();
         let mut j = 0;
-        while j + 4 <= values.len() {
-            accumulate::<4>(&values[j..j + 4], &p[j..j + 4], n8, o);
+        while j + 4 <= s {
+            accumulate::<4>(&values.rows::<4>(j), &p[j..j + 4], n8, o);
             j += 4;
         }
-        while j < values.len() {
-            accumulate::<1>(&values[j..j + 1], &p[j..j + 1], n8, o);
+        while j < s {
+            accumulate::<1>(&values.rows::<1>(j), &p[j..j + 1], n8, o);
             j += 1;
         }
     }
@@ -690,6 +690,18 @@ pub(crate) fn decode_attention(
     mask: Option<&candle_core::Tensor>,
     scale: f32,
 ) -> candle_core::Result<Option<candle_core::Tensor>> {
+    decode_attention_on(q, k, v, mask, scale, true)
+}
+
+/// [`decode_attention`], with the left padding skipped or not (the tests compare both).
+fn decode_attention_on(
+    q: &candle_core::Tensor,
+    k: &candle_core::Tensor,
+    v: &candle_core::Tensor,
+    mask: Option<&candle_core::Tensor>,
+    scale: f32,
+    skip_padding: bool,
+) -> candle_core::Result<Option<candle_core::Tensor>> {
     use candle_core::{CpuStorage, DType, Storage, Tensor};
     let all_f32 = [Some(q), Some(k), Some(v), mask]
         .into_iter()
@@ -740,16 +752,24 @@ pub(crate) fn decode_attention(
         for i in 0..t {
             let qr = &qv[q0 + (bh * t + i) * hd..][..hd];
             let mr = mv.map(|m| &m[(bi * t + i) * s..][..s]);
-            let keys = (0..s).map(|j| &kv[kb + j * kst[2]..][..hd]);
-            let values = (0..s).map(|j| &vv[vb + j * vst[2]..][..hd]);
+            // The padding on the left is skipped, from a multiple of 8 on so that the sums
+            // see the same lanes in the same order: what changes is only the padding's own
+            // weights (e^-87 / sum from the AVX2 exponential, not 0) times its values.
+            let lo = match (mr, skip_padding) {
+                (Some(m), true) => first_live(m) / 8 * 8,
+                _ => 0,
+            };
+            let keys = Positions::new(&kv[kb..], kst[2], hd, lo);
+            let values = Positions::new(&vv[vb..], vst[2], hd, lo);
+            let (mr, p) = (mr.map(|m| &m[lo..]), &mut p[lo..]);
             let o = &mut out[i * hd..][..hd];
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: available() checked AVX2 and FMA.
-                unsafe { avx2::attend(qr, keys, values, mr, scale, &mut p, o) };
+                unsafe { avx2::attend(qr, keys, values, mr, scale, p, o) };
                 continue;
             }
-            attend(qr, keys, values, mr, scale, &mut p, o);
+            attend(qr, keys, values, mr, scale, p, o);
         }
     };
     if rayon::current_num_threads() > 1 && b * nh >= 4 {
@@ -760,19 +780,60 @@ pub(crate) fn decode_attention(
     Ok(Some(Tensor::from_vec(out, (b, nh, t, hd), q.device())?))
 }
 
+/// The key (or value) rows of one head in the cache: row j at `data[j · stride..][..d]`,
+/// counted from `first`.
+#[derive(Clone, Copy)]
+struct Positions<'a> {
+    data: &'a [f32],
+    stride: usize,
+    d: usize,
+    first: usize,
+}
+
+impl<'a> Positions<'a> {
+    fn new(data: &'a [f32], stride: usize, d: usize, first: usize) -> Positions<'a> {
+        Positions {
+            data,
+            stride,
+            d,
+            first,
+        }
+    }
+
+    /// Row `first + j`.
+    #[inline(always)]
+    fn row(&self, j: usize) -> &'a [f32] {
+        &self.data[(self.first + j) * self.stride..][..self.d]
+    }
+
+    /// Rows `first + j` to `first + j + G`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn rows<const G: usize>(&self, j: usize) -> [&'a [f32]; G] {
+        std::array::from_fn(|u| self.row(j + u))
+    }
+}
+
+/// The first column of a mask row that is live: not more than 1e8 below the row's largest
+/// value (model/attention.rs's rule: a softmax gives the others a weight of exactly 0); 0
+/// when every column is masked alike.
+fn first_live(mask: &[f32]) -> usize {
+    let top = mask.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    mask.iter().position(|&m| m >= top - 1e8).unwrap_or(0)
+}
+
 /// One query row against s keys and values: p = softmax(q·k scale + mask), o = Σ p v.
-#[allow(clippy::too_many_arguments)]
-fn attend<'a>(
+fn attend(
     q: &[f32],
-    keys: impl Iterator<Item = &'a [f32]>,
-    values: impl Iterator<Item = &'a [f32]>,
+    keys: Positions,
+    values: Positions,
     mask: Option<&[f32]>,
     scale: f32,
     p: &mut [f32],
     o: &mut [f32],
 ) {
-    for (j, (pj, k)) in p.iter_mut().zip(keys).enumerate() {
-        *pj = dot(q, k) * scale + mask.map_or(0.0, |m| m[j]);
+    for (j, pj) in p.iter_mut().enumerate() {
+        *pj = dot(q, keys.row(j)) * scale + mask.map_or(0.0, |m| m[j]);
     }
     let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
@@ -780,8 +841,8 @@ fn attend<'a>(
         *pj = (*pj - max).exp();
         sum += *pj;
     }
-    for (pj, v) in p.iter().zip(values) {
-        axpy(o, pj / sum, v);
+    for (j, pj) in p.iter().enumerate() {
+        axpy(o, pj / sum, values.row(j));
     }
 }
 
@@ -972,13 +1033,13 @@ mod tests {
         }
         let (s, hd) = (11, 20);
         let q = seq(hd, 1);
-        let kv: Vec<Vec<f32>> = (0..s).map(|j| seq(hd, 10 + j as u32)).collect();
-        let vv: Vec<Vec<f32>> = (0..s).map(|j| seq(hd, 40 + j as u32)).collect();
+        let kv: Vec<f32> = (0..s).flat_map(|j| seq(hd, 10 + j as u32)).collect();
+        let vv: Vec<f32> = (0..s).flat_map(|j| seq(hd, 40 + j as u32)).collect();
         let mask: Vec<f32> = (0..s).map(|j| if j < 2 { -1e9 } else { 0.0 }).collect();
         let run = |simd: bool| {
             let (mut p, mut o) = (vec![0f32; s], vec![0f32; hd]);
-            let keys = kv.iter().map(|k| k.as_slice());
-            let values = vv.iter().map(|v| v.as_slice());
+            let keys = Positions::new(&kv, hd, hd, 0);
+            let values = Positions::new(&vv, hd, hd, 0);
             if simd {
                 // SAFETY: available() checked AVX2 and FMA.
                 unsafe { avx2::attend(&q, keys, values, Some(&mask), 0.4, &mut p, &mut o) };
@@ -990,6 +1051,60 @@ mod tests {
         let (a, b) = (run(false), run(true));
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn skipping_the_left_padding_changes_only_the_padding_weights() {
+        let dev = Device::Cpu;
+        // Rows padded by 0 to s positions (every remainder of 8; the last row is masked
+        // throughout), head dimensions with and without a tail.
+        for (hd, s) in [(16, 29), (12, 20), (64, 9)] {
+            let (b, nh, nkv, t, cap) = (s + 1, 4, 2, 1, s + 3);
+            let q = Tensor::from_vec(seq(b * nh * t * hd, 5), (b, nh, t, hd), &dev).unwrap();
+            let k = Tensor::from_vec(seq(b * nkv * cap * hd, 6), (b, nkv, cap, hd), &dev);
+            let k = k.unwrap().narrow(2, 0, s).unwrap();
+            let values = seq(b * nkv * cap * hd, 7);
+            // Padding values zeroed, or not.
+            let zeroed: Vec<f32> = (values.iter().enumerate())
+                .map(|(i, &x)| {
+                    let (row, j) = (i / (nkv * cap * hd), i / hd % cap);
+                    if j < row.min(s - 1) {
+                        0.0
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            let mask: Vec<f32> = (0..b * s)
+                .map(|i| if i % s < i / s { -1e9 } else { 0.0 })
+                .collect();
+            let mask = Tensor::from_vec(mask, (b, 1, t, s), &dev).unwrap();
+            let run = |values: &[f32], skip: bool| {
+                let v = Tensor::from_vec(values.to_vec(), (b, nkv, cap, hd), &dev).unwrap();
+                let v = v.narrow(2, 0, s).unwrap();
+                let y = decode_attention_on(&q, &k, &v, Some(&mask), 0.25, skip);
+                y.unwrap()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            // The kernels give padding a weight of e^-87 / sum, not 0: with zero values
+            // there, skipping it from a multiple of 8 changes no bit (the same lanes, sums
+            // and products).
+            let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let (skipped, whole) = (bits(run(&zeroed, true)), bits(run(&zeroed, false)));
+            let differ = skipped.iter().zip(&whole).position(|(a, b)| a != b);
+            assert_eq!(
+                differ, None,
+                "hd {hd}, s {s}: the first element that differs"
+            );
+            // Otherwise the results differ by those weights at most.
+            let (skipped, whole) = (run(&values, true), run(&values, false));
+            let worst = (skipped.iter().zip(&whole)).fold(0f32, |w, (a, b)| w.max((a - b).abs()));
+            assert!(worst < 1e-6, "hd {hd}, s {s}: differs by {worst}");
         }
     }
 
