@@ -245,11 +245,13 @@ impl ModelTeam {
         adapted: bool,
         asks: &[(usize, Vec<Request<'_>>)],
     ) -> anyhow::Result<Vec<Vec<Response>>> {
+        // Rendered and tokenized over the pool, in order.
         let prompts: Vec<Vec<Vec<u32>>> = asks
             .iter()
             .map(|(agent, requests)| {
+                use rayon::prelude::*;
                 requests
-                    .iter()
+                    .par_iter()
                     .map(|r| self.prompt_ids(*agent, r.messages))
                     .collect::<anyhow::Result<Vec<_>>>()
             })
@@ -744,6 +746,15 @@ impl Streamed {
 impl Team for ModelTeam {
     fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
         ModelTeam::admit(self, agent, messages)
+    }
+
+    /// Every prompt rendered and tokenized over the pool (the verdicts in order).
+    fn admit_all(&self, asks: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Result<(), String>>> {
+        use rayon::prelude::*;
+        Ok(asks
+            .par_iter()
+            .map(|&(a, m)| ModelTeam::admit(self, a, m))
+            .collect())
     }
 
     fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
