@@ -1473,3 +1473,108 @@ fn activation_checkpointing_gives_the_plain_backwards_gradients() {
         }
     }
 }
+
+#[test]
+fn the_last_positions_alone_are_the_whole_forwards_last_positions() {
+    // Every family (fused q/k/v in phi3, a head dimension apart from the width in mistral),
+    // a left-padded batch (one row padded past the shortest tail), LoRA in the last layer.
+    for (name, json, targets) in [
+        (
+            "llama",
+            LLAMA,
+            &["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"][..],
+        ),
+        ("qwen2", QWEN2, &["q_proj", "down_proj"][..]),
+        ("phi3", PHI3, &["qkv_proj", "gate_up_proj"][..]),
+        ("mistral", MISTRAL, &["q_proj", "v_proj"][..]),
+    ] {
+        let (vm, _) = random_base(json, 61);
+        let base = frozen(json, &vm);
+        let adapter = Lora::new(&base, lora_cfg(targets), 3).unwrap();
+        randomize_lora(&adapter, 62);
+        let rows: Vec<Vec<u32>> = [9usize, 4, 7]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| [vec![0; 9 - n], ids(1, n, 120, 70 + i as u64)[0].clone()].concat())
+            .collect();
+        let (ids, pads) = (to_tensor(&rows), [0usize, 5, 2]);
+        for pass in [Pass::Inference, Pass::Training] {
+            let whole = base
+                .forward(&ids, &pads, None, Some(&adapter), pass)
+                .unwrap();
+            for tail in [1, 3, 9] {
+                let part = base
+                    .forward_tail(&ids, &pads, None, Some(&adapter), pass, tail)
+                    .unwrap();
+                assert_eq!(part.dims(), &[3, tail, 64], "{name} {pass:?} tail {tail}");
+                let d = max_diff(&part, &whole.narrow(1, 9 - tail, tail).unwrap());
+                assert!(d < 1e-5, "{name} {pass:?} tail {tail}: differs by {d}");
+            }
+        }
+        // A loss on the last two positions gets the whole forward's gradients.
+        let w: Vec<f32> = (0..3 * 2 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
+        let w = Tensor::from_vec(w, (3, 2, 64), &Device::Cpu).unwrap();
+        let grads = |tail: usize| {
+            let h = base
+                .forward_tail(&ids, &pads, None, Some(&adapter), Pass::Training, tail)
+                .unwrap();
+            let h = h.narrow(1, tail - 2, 2).unwrap();
+            (h * &w).unwrap().sum_all().unwrap().backward().unwrap()
+        };
+        let (part, whole) = (grads(2), grads(9));
+        for (var, v) in adapter.named_vars() {
+            let (a, b) = (part.get(v.as_tensor()), whole.get(v.as_tensor()));
+            let (a, b) = (a.expect("a gradient"), b.expect("a gradient"));
+            let d = max_diff(a, b);
+            let scale = max_diff(b, &b.zeros_like().unwrap());
+            assert!(d <= 1e-5 * scale.max(1.0), "{name}: {var} differs by {d}");
+        }
+        // With a cache: the prompt's last position alone, then a decoding step reads every
+        // position's keys and values as after the whole forward.
+        let step = to_tensor(&[vec![5], vec![6], vec![7]]);
+        let mut next = Vec::new();
+        for tail in [1, 9] {
+            let mut cache = KvCache::new(2);
+            let h = base
+                .forward_tail(
+                    &ids,
+                    &pads,
+                    Some(&mut cache),
+                    Some(&adapter),
+                    Pass::Inference,
+                    tail,
+                )
+                .unwrap();
+            let last = h.i((.., tail - 1, ..)).unwrap();
+            let after = base
+                .forward(
+                    &step,
+                    &pads,
+                    Some(&mut cache),
+                    Some(&adapter),
+                    Pass::Inference,
+                )
+                .unwrap();
+            next.push((last, after));
+        }
+        assert!(
+            max_diff(&next[0].0, &next[1].0) < 1e-5,
+            "{name}: the last position"
+        );
+        assert!(
+            max_diff(&next[0].1, &next[1].1) < 1e-5,
+            "{name}: the step after"
+        );
+        // Tails that are not some of the positions are refused.
+        for tail in [0, 10] {
+            let e = base
+                .forward_tail(&ids, &pads, None, Some(&adapter), Pass::Inference, tail)
+                .unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("the last {tail} positions of a sequence of 9")),
+                "{e}"
+            );
+        }
+    }
+}

@@ -80,12 +80,26 @@ impl Agent {
         cache: Option<&mut KvCache>,
         pass: Pass,
     ) -> Result<Tensor> {
-        self.base.forward(
+        self.forward_tail(ids, pads, cache, pass, ids.dim(1)?)
+    }
+
+    /// The hidden states of the last `tail` positions alone, with this agent's adapter
+    /// ([`Base::forward_tail`](super::Base::forward_tail)).
+    pub fn forward_tail(
+        &self,
+        ids: &Tensor,
+        pads: &[usize],
+        cache: Option<&mut KvCache>,
+        pass: Pass,
+        tail: usize,
+    ) -> Result<Tensor> {
+        self.base.forward_tail(
             ids,
             pads,
             cache,
             self.lora.as_ref().map(|l| l as &dyn Adapter),
             pass,
+            tail,
         )
     }
 

@@ -264,6 +264,8 @@ pub struct Checkpoint {
     inputs: Vec<Tensor>,
     /// The last layer's output, the leaf the loss's graph starts from.
     top: Var,
+    /// The positions the last layer computed (see [`Base::forward_tail`]).
+    tail: usize,
 }
 
 impl Checkpoint {
@@ -296,7 +298,8 @@ impl Checkpoint {
                 leaf = Var::from_tensor(&self.inputs[li])?;
                 leaf.as_tensor().clone()
             };
-            let y = self.base.block(li, &x, None, &around, false)?;
+            let keep = self.base.kept(li, self.ids.dim(1)?, self.tail);
+            let y = self.base.block(li, &x, None, &around, false, keep)?;
             let mut layer = (y * &g)?.sum_all()?.backward()?;
             if li > 0 {
                 g = layer
@@ -429,6 +432,14 @@ fn append_kv(
     kb.slice_set(&k, 2, len)?;
     vb.slice_set(&v, 2, len)?;
     Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
+}
+
+/// Refuses a tail ([`Base::forward_tail`]) that is not some of a sequence's `t` positions.
+fn check_tail(tail: usize, t: usize) -> Result<()> {
+    if tail > t || (tail == 0 && t > 0) {
+        anyhow::bail!("the last {tail} positions of a sequence of {t} were asked for");
+    }
+    Ok(())
 }
 
 /// The finite additive mask value: large enough to zero a softmax weight, small enough to stay
@@ -767,6 +778,23 @@ impl Base {
         lora: Option<&dyn Adapter>,
         pass: Pass,
     ) -> Result<Tensor> {
+        self.forward_tail(ids, pads, cache, lora, pass, ids.dim(1)?)
+    }
+
+    /// [`forward`](Self::forward)'s hidden states of the last `tail` positions alone
+    /// (batch, tail, hidden), for a caller that reads no others (the next token's logits
+    /// after a prompt, a response's log-probs): the last layer computes its queries,
+    /// attention, output and MLP for those positions only. Every layer still writes every
+    /// position's keys and values to the cache.
+    pub fn forward_tail(
+        &self,
+        ids: &Tensor,
+        pads: &[usize],
+        cache: Option<&mut KvCache>,
+        lora: Option<&dyn Adapter>,
+        pass: Pass,
+        tail: usize,
+    ) -> Result<Tensor> {
         let inference = pass == Pass::Inference;
         if cache.is_some() && !inference {
             anyhow::bail!("the KV cache is for the inference path; cached keys carry no gradient");
@@ -774,6 +802,7 @@ impl Base {
         let offset = cache.as_ref().map_or(0, |c| c.len);
         let (mask, cos, sin) = self.positions(ids, pads, offset)?;
         let t = ids.dim(1)?;
+        check_tail(tail, t)?;
         let mut x = self.embed(ids)?;
         let mut cache = cache;
         let around = Around {
@@ -784,7 +813,8 @@ impl Base {
         };
         for li in 0..self.layers.len() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.kvs[li], offset));
-            x = self.block(li, &x, kv, &around, inference)?;
+            let keep = self.kept(li, t, tail);
+            x = self.block(li, &x, kv, &around, inference, keep)?;
             if inference {
                 // The inference path needs no gradient: without this, ops on trainable tensors
                 // (LoRA, fully fine-tuned weights) keep every layer's activations alive
@@ -799,8 +829,19 @@ impl Base {
         Ok(if inference { out.detach() } else { out })
     }
 
+    /// How many of `t` positions layer `li` computes when the forward's caller reads the
+    /// last `tail`: all of them below the last layer.
+    fn kept(&self, li: usize, t: usize, tail: usize) -> usize {
+        if li + 1 == self.layers.len() {
+            tail
+        } else {
+            t
+        }
+    }
+
     /// Decoder layer `li` over `x` (batch, seq, hidden): attention and MLP with their
-    /// residuals.
+    /// residuals, for the last `keep` positions (batch, keep, hidden); the attention's keys
+    /// and values cover every position.
     fn block(
         &self,
         li: usize,
@@ -808,21 +849,17 @@ impl Base {
         kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
         around: &Around<'_>,
         inference: bool,
+        keep: usize,
     ) -> Result<Tensor> {
         let layer = &self.layers[li];
         let h = self.rms_norm(x, &layer.ln1, inference)?;
-        let a = self.attention(
-            &h,
-            li,
-            layer,
-            kv,
-            around.mask,
-            around.cos,
-            around.sin,
-            around.lora,
-            inference,
-        )?;
-        let x = (x + a)?;
+        let a = self.attention(&h, li, layer, kv, around, inference, keep)?;
+        let t = x.dim(1)?;
+        let x = if keep < t {
+            (x.narrow(1, t - keep, keep)? + a)?
+        } else {
+            (x + a)?
+        };
         let h = self.rms_norm(&x, &layer.ln2, inference)?;
         let m = self.mlp(&h, li, layer, around.lora, !inference)?;
         Ok((x + m)?)
@@ -840,8 +877,11 @@ impl Base {
         ids: &Tensor,
         pads: &[usize],
         lora: Option<&super::lora::Lora>,
+        tail: usize,
     ) -> Result<(Tensor, Checkpoint)> {
         let (mask, cos, sin) = self.positions(ids, pads, 0)?;
+        let t = ids.dim(1)?;
+        check_tail(tail, t)?;
         let around = Around {
             mask: mask.as_ref(),
             cos: &cos,
@@ -858,7 +898,7 @@ impl Base {
         let mut loras = Vec::with_capacity(self.layers.len());
         for li in 0..self.layers.len() {
             loras.push(lora.map(super::lora::Lora::replay));
-            let y = self.block(li, &x, None, &around, false)?;
+            let y = self.block(li, &x, None, &around, false, self.kept(li, t, tail))?;
             inputs.push(x.detach());
             x = if y.track_op() {
                 Var::from_tensor(&y.detach())?.as_tensor().clone()
@@ -879,6 +919,7 @@ impl Base {
                 sin,
                 inputs,
                 top,
+                tail,
             },
         ))
     }
@@ -991,37 +1032,66 @@ impl Base {
         li: usize,
         layer: &Layer,
         kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
-        mask: Option<&Tensor>,
-        cos: &Tensor,
-        sin: &Tensor,
-        lora: Option<&dyn Adapter>,
+        around: &Around<'_>,
         inference: bool,
+        keep: usize,
     ) -> Result<Tensor> {
+        let Around {
+            mask,
+            cos,
+            sin,
+            lora,
+        } = *around;
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (
             self.cfg.num_attention_heads,
             self.cfg.num_key_value_heads,
             self.cfg.head_dim,
         );
+        // Queries for the last `keep` positions; keys and values for all of them.
+        let last = |x: &Tensor| -> Result<Tensor> {
+            Ok(if keep < t {
+                x.narrow(1, t - keep, keep)?
+            } else {
+                x.clone()
+            })
+        };
         let (q, k, v) = match &layer.qkv {
             Qkv::Split { q, k, v } => (
-                q.fwd(x, li, Target::Q, lora, !inference, self.kernels)?,
+                q.fwd(
+                    &last(x)?.contiguous()?,
+                    li,
+                    Target::Q,
+                    lora,
+                    !inference,
+                    self.kernels,
+                )?,
                 k.fwd(x, li, Target::K, lora, !inference, self.kernels)?,
                 v.fwd(x, li, Target::V, lora, !inference, self.kernels)?,
             ),
             Qkv::Fused(qkv) => {
                 let y = qkv.fwd(x, li, Target::Qkv, lora, !inference, self.kernels)?;
                 (
-                    y.narrow(D::Minus1, 0, nh * hd)?,
+                    last(&y.narrow(D::Minus1, 0, nh * hd)?)?,
                     y.narrow(D::Minus1, nh * hd, nkv * hd)?,
                     y.narrow(D::Minus1, (nh + nkv) * hd, nkv * hd)?,
                 )
             }
         };
-        let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?;
+        let q = q.reshape((b, keep, nh, hd))?.transpose(1, 2)?;
         let k = k.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
         let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
-        let q = self.rope(&q, cos, sin, inference)?;
+        let (mask, q) = if keep < t {
+            let (cq, sq) = (
+                cos.narrow(0, t - keep, keep)?,
+                sin.narrow(0, t - keep, keep)?,
+            );
+            let mask = mask.map(|m| m.narrow(2, t - keep, keep)).transpose()?;
+            (mask, self.rope(&q, &cq, &sq, inference)?)
+        } else {
+            (mask.cloned(), self.rope(&q, cos, sin, inference)?)
+        };
+        let (mask, t) = (mask.as_ref(), keep);
         let k = self.rope(&k, cos, sin, inference)?;
         let (k, v) = match kv {
             Some((slot, len)) => append_kv(slot, len, &k, &v)?,

@@ -444,15 +444,16 @@ fn decode(
             let mut cache = KvCache::new(base.config().num_hidden_layers);
             let live: Vec<usize> = (0..rows.len()).collect();
             let adapters = row_adapters(speakers, &live, &rows);
-            let hidden = base.forward(
+            // Only the last position's hidden state is read (the next token's logits).
+            let hidden = base.forward_tail(
                 &ids,
                 &pads,
                 Some(&mut cache),
                 Some(&adapters as &dyn Adapter),
                 Pass::Inference,
+                1,
             )?;
-            let t = hidden.dim(1)?;
-            (cache, pads, hidden.i((.., t - 1, ..))?.contiguous()?)
+            (cache, pads, hidden.i((.., 0, ..))?.contiguous()?)
         }
     };
     // `live[j]`: the row (index into `rows`) at batch position j; grouped by speaker, since
@@ -587,14 +588,15 @@ fn prefill_sharing(
         let adapters = RowAdapters {
             groups: vec![(0, 1, speakers[k].agent.lora.as_ref())],
         };
-        let hidden = base.forward(
+        let hidden = base.forward_tail(
             &ids,
             &[0],
             Some(&mut cache),
             Some(&adapters as &dyn Adapter),
             Pass::Inference,
+            1,
         )?;
-        lasts.push(hidden.i((.., rest.len() - 1, ..))?);
+        lasts.push(hidden.i((.., 0, ..))?);
         let kv = cache.row(0, 0)?;
         prefixes.count(reused, rest.len());
         if let Some(key) = keys[k] {
@@ -719,7 +721,7 @@ pub fn score_at_temperature(
     temperature: f64,
 ) -> Result<Scored> {
     let (ids, pads) = scoring_batch(agent, pairs, temperature)?;
-    let hidden = agent.forward(&ids, &pads, None, pass)?;
+    let hidden = agent.forward_tail(&ids, &pads, None, pass, scored_tail(pairs))?;
     score_hidden(agent, pairs, &ids, &hidden, chunk, temperature)
 }
 
@@ -735,11 +737,18 @@ pub fn score_checkpointed(
     temperature: f64,
 ) -> Result<(Scored, Checkpoint)> {
     let (ids, pads) = scoring_batch(agent, pairs, temperature)?;
-    let (hidden, checkpoint) = agent
-        .base
-        .forward_checkpointed(&ids, &pads, agent.lora.as_ref())?;
+    let (hidden, checkpoint) =
+        agent
+            .base
+            .forward_checkpointed(&ids, &pads, agent.lora.as_ref(), scored_tail(pairs))?;
     let scored = score_hidden(agent, pairs, &ids, &hidden, chunk, temperature)?;
     Ok((scored, checkpoint))
+}
+
+/// The positions whose hidden states score `pairs` (checked non-empty): the longest
+/// response's, and the one before it, which predicts its first token.
+fn scored_tail(pairs: &[(Vec<u32>, Vec<u32>)]) -> usize {
+    pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(0) + 1
 }
 
 /// The left-padded (prompt, response) sequences of a scoring batch and their padding.
@@ -759,7 +768,8 @@ fn scoring_batch(
     left_pad(&seqs, 0, agent.base.device())
 }
 
-/// The scores of `pairs` from their sequences' final hidden states.
+/// The scores of `pairs` from their sequences' final hidden states (all positions, or
+/// the last [`scored_tail`]).
 fn score_hidden(
     agent: &Agent,
     pairs: &[(Vec<u32>, Vec<u32>)],
@@ -774,7 +784,7 @@ fn score_hidden(
     let len = ids.dim(1)?;
     let r_max = pairs.iter().map(|(_, r)| r.len()).max().unwrap();
     // Hidden state at position j predicts token j + 1.
-    let pred = hidden.narrow(1, len - 1 - r_max, r_max)?;
+    let pred = hidden.narrow(1, hidden.dim(1)? - 1 - r_max, r_max)?;
     let targets = ids.narrow(1, len - r_max, r_max)?;
     let chunk = chunk.max(1);
     let mut parts = Vec::new();
@@ -882,12 +892,9 @@ pub fn score_shared_prefixes(
         let keep = shared.min(p - 1);
         cache.truncate(keep)?;
         let ids = Tensor::from_slice(&seq[keep..], (1, seq.len() - keep), dev)?;
-        let hidden = agent.forward(&ids, &[0], Some(&mut cache), Pass::Inference)?;
-        // Hidden state at position j predicts token j + 1.
-        let pred = hidden
-            .narrow(1, p - 1 - keep, r)?
-            .squeeze(0)?
-            .contiguous()?;
+        // Hidden state at position j predicts token j + 1: only the last r + 1 are read.
+        let hidden = agent.forward_tail(&ids, &[0], Some(&mut cache), Pass::Inference, r + 1)?;
+        let pred = hidden.narrow(1, 0, r)?.squeeze(0)?.contiguous()?;
         let mut lps = Vec::with_capacity(r);
         let mut c0 = 0;
         while c0 < r {

@@ -216,7 +216,8 @@ impl VerifierModel {
         pass: Pass,
     ) -> anyhow::Result<ResponseLogits> {
         let (ids, pads) = self.padded(pairs)?;
-        let hidden = self.agent.forward(&ids, &pads, None, pass)?;
+        let tail = response_tail(pairs);
+        let hidden = self.agent.forward_tail(&ids, &pads, None, pass, tail)?;
         self.head_logits(pairs, &hidden)
     }
 
@@ -229,10 +230,12 @@ impl VerifierModel {
         pairs: &[(Vec<u32>, Vec<u32>)],
     ) -> anyhow::Result<(ResponseLogits, Checkpoint)> {
         let (ids, pads) = self.padded(pairs)?;
-        let (hidden, checkpoint) =
-            self.agent
-                .base
-                .forward_checkpointed(&ids, &pads, self.agent.lora.as_ref())?;
+        let (hidden, checkpoint) = self.agent.base.forward_checkpointed(
+            &ids,
+            &pads,
+            self.agent.lora.as_ref(),
+            response_tail(pairs),
+        )?;
         Ok((self.head_logits(pairs, &hidden)?, checkpoint))
     }
 
@@ -246,7 +249,7 @@ impl VerifierModel {
     }
 
     /// The head's logits on the response positions of `pairs`, from their padded sequences'
-    /// final hidden states.
+    /// final hidden states (all positions, or the last [`response_tail`]).
     fn head_logits(
         &self,
         pairs: &[(Vec<u32>, Vec<u32>)],
@@ -290,9 +293,10 @@ impl VerifierModel {
                 .map(|&i| [pairs[i].0.as_slice(), pairs[i].1.as_slice()].concat())
                 .collect();
             let (ids, pads) = left_pad(&seqs, self.agent.base.device())?;
-            let len = ids.dim(1)?;
-            let hidden = self.agent.forward(&ids, &pads, None, Pass::Inference)?;
-            let last = hidden.i((.., len - 1, ..))?.contiguous()?;
+            let hidden = self
+                .agent
+                .forward_tail(&ids, &pads, None, Pass::Inference, 1)?;
+            let last = hidden.i((.., 0, ..))?.contiguous()?;
             let p = candle_nn::ops::sigmoid(&head.forward(&last)?)?.to_vec1::<f32>()?;
             for (&i, p) in chunk.iter().zip(p) {
                 out[i] = p;
@@ -313,6 +317,11 @@ impl VerifierModel {
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.probabilities_of_ids(&ids, batch_size)
     }
+}
+
+/// The positions whose hidden states the head reads: the longest response's (at least one).
+fn response_tail(pairs: &[(Vec<u32>, Vec<u32>)]) -> usize {
+    pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1)
 }
 
 fn left_pad(seqs: &[Vec<u32>], dev: &Device) -> anyhow::Result<(Tensor, Vec<usize>)> {
