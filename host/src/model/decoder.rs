@@ -1091,6 +1091,7 @@ impl Base {
         } else {
             (mask.cloned(), self.rope(&q, cos, sin, inference)?)
         };
+        // From here on, t counts the query positions (the mask's rows).
         let (mask, t) = (mask.as_ref(), keep);
         let k = self.rope(&k, cos, sin, inference)?;
         let (k, v) = match kv {
