@@ -375,9 +375,11 @@ pub(crate) fn attention_inference(
     Tensor::from_vec(y, q.shape(), q.device())
 }
 
+/// q, k and v, contiguous.
+type Inputs = (Tensor, Tensor, Tensor);
+
 /// q, k and v made contiguous, and what `run` makes of their values, the mask's and their
 /// [`Dims`](super::attention::Dims) (t positions a sequence).
-type Inputs = (Tensor, Tensor, Tensor);
 fn attention_inputs<T>(
     q: &Tensor,
     k: &Tensor,
