@@ -170,16 +170,18 @@ fn spans(mask: Option<&[f32]>, dims: Dims) -> Vec<(usize, usize)> {
     let Some(mask) = mask else {
         return vec![(0, s); b * t];
     };
-    mask.chunks_exact(s)
-        .map(|row| {
-            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let live = |m: &f32| *m >= top - 1e8;
-            match row.iter().position(live) {
-                Some(lo) => (lo, s - row.iter().rev().position(live).unwrap_or(0)),
-                None => (0, s),
-            }
-        })
-        .collect()
+    mask.chunks_exact(s).map(live_columns).collect()
+}
+
+/// The live columns [lo, hi) of one additive mask row, every column outside dead (see the
+/// module's notes); the whole row when every column is masked alike.
+pub(super) fn live_columns(row: &[f32]) -> (usize, usize) {
+    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let live = |m: &f32| *m >= top - 1e8;
+    match row.iter().position(live) {
+        Some(lo) => (lo, row.len() - row.iter().rev().position(live).unwrap_or(0)),
+        None => (0, row.len()),
+    }
 }
 
 /// `xs` (rows, d) transposed into (d, rows).

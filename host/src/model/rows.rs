@@ -741,6 +741,15 @@ fn decode_attention_on(
         None => None,
     };
     let n_rep = nh / nkv;
+    // Each mask row's left padding is skipped, from a multiple of 8 on so that the sums see
+    // the same lanes in the same order: what changes is only the padding's own weights
+    // (e^-87 / sum from the AVX2 exponential, not 0) times its values.
+    let firsts: Vec<usize> = match (mv, skip_padding) {
+        (Some(m), true) => (m.chunks_exact(s))
+            .map(|row| super::attention::live_columns(row).0 / 8 * 8)
+            .collect(),
+        _ => vec![0; b * t],
+    };
     let mut out = vec![0f32; b * nh * t * hd];
     let simd = available();
     let head = |(bh, out): (usize, &mut [f32])| {
@@ -752,13 +761,7 @@ fn decode_attention_on(
         for i in 0..t {
             let qr = &qv[q0 + (bh * t + i) * hd..][..hd];
             let mr = mv.map(|m| &m[(bi * t + i) * s..][..s]);
-            // The padding on the left is skipped, from a multiple of 8 on so that the sums
-            // see the same lanes in the same order: what changes is only the padding's own
-            // weights (e^-87 / sum from the AVX2 exponential, not 0) times its values.
-            let lo = match (mr, skip_padding) {
-                (Some(m), true) => first_live(m) / 8 * 8,
-                _ => 0,
-            };
+            let lo = firsts[bi * t + i];
             let keys = Positions::new(&kv[kb..], kst[2], hd, lo);
             let values = Positions::new(&vv[vb..], vst[2], hd, lo);
             let (mr, p) = (mr.map(|m| &m[lo..]), &mut p[lo..]);
@@ -812,14 +815,6 @@ impl<'a> Positions<'a> {
     fn rows<const G: usize>(&self, j: usize) -> [&'a [f32]; G] {
         std::array::from_fn(|u| self.row(j + u))
     }
-}
-
-/// The first column of a mask row that is live: not more than 1e8 below the row's largest
-/// value (model/attention.rs's rule: a softmax gives the others a weight of exactly 0); 0
-/// when every column is masked alike.
-fn first_live(mask: &[f32]) -> usize {
-    let top = mask.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    mask.iter().position(|&m| m >= top - 1e8).unwrap_or(0)
 }
 
 /// One query row against s keys and values: p = softmax(q·k scale + mask), o = Σ p v.
