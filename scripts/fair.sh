@@ -15,6 +15,8 @@
 # addition, both evaluated on subtraction: the paper's GSM8K -> ANLI transfer in miniature).
 # `curve` evaluates the maporl row's kept checkpoints (every 8 steps) on the first
 # CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
+# maporl-long is the maporl row at four times the budget (128 steps, the learning rate
+# decayed over 128, a checkpoint every 16, all kept); `curve-long` evaluates its checkpoints.
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
 # evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
 # in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair), with the
@@ -130,14 +132,16 @@ team() {
 for seed in $SEEDS; do
     for row in $ROWS; do
         [ "$row" = setup ] && continue
-        if [ "$row" = curve ]; then
+        if [ "$row" = curve ] || [ "$row" = curve-long ]; then
             n=${CURVE_QUESTIONS:-300}
-            mkdir -p "$OUT/curve-seed$seed"
-            for step in "" "$OUT"/maporl-seed"$seed"/train/checkpoints/step-*; do
+            trained=maporl curve=curve
+            [ "$row" = curve-long ] && trained=maporl-long curve=curve-long
+            mkdir -p "$OUT/$curve-seed$seed"
+            for step in "" "$OUT/$trained-seed$seed"/train/checkpoints/step-*; do
                 name=${step##*/}
                 name=${name:-step-000000}
-                dir="$OUT/curve-seed$seed/$name"
-                kept="$KEPT/curve-seed$seed-$name.json"
+                dir="$OUT/$curve-seed$seed/$name"
+                kept="$KEPT/$curve-seed$seed-$name.json"
                 [ -f "$kept" ] && continue
                 "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.held_out=$n" \
                     --set "$(team maporl "$step")" --set "run_dir=$dir" >"$dir.log" 2>&1 || {
@@ -145,7 +149,7 @@ for seed in $SEEDS; do
                     exit 1
                 }
                 python3 scripts/fair_table.py keep-curve "$dir" "$kept" "$BUILD" $(models_of maporl)
-                echo "fair: curve, seed $seed, $name: $(grep 'majority accuracy' "$dir.log")"
+                echo "fair: $curve, seed $seed, $name: $(grep 'majority accuracy' "$dir.log")"
             done
             continue
         fi
@@ -163,6 +167,10 @@ for seed in $SEEDS; do
         off-the-shelf) ;;
         heterogeneous-before) ;;
         maporl) settings=(--set train.mode=maporl) ;;
+        maporl-long)
+            settings=(--set train.mode=maporl --set train.steps=128 --set train.checkpoint_every=16
+                --set train.keep_checkpoints=0)
+            ;;
         single | sft) settings=(--set "train.mode=$row") ;;
         maporl-current) settings=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}') ;;
         maporl-alpha) settings=(--set 'plugins.shaper.settings={gamma=0.3,alpha_1=2.0}') ;;
@@ -176,7 +184,7 @@ for seed in $SEEDS; do
         cross-domain-before) ;;
         cross-domain) settings=(--set "model.path=$MODEL_X") ;;
         *)
-            echo "fair: unknown row $row (rows: $ALL)" >&2
+            echo "fair: unknown row $row (rows: $ALL maporl-long curve curve-long)" >&2
             exit 2
             ;;
         esac

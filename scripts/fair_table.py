@@ -27,8 +27,8 @@ eval.json):
   interval;
 - the conditional rates P(wrong->right | wrong, a peer right) and P(right->wrong | right, a
   peer wrong) at each transition, summed over agents and seeds;
-- the training curve (`scripts/fair.sh curve`): the maporl row's checkpoints on the first
-  held-out questions, per seed.
+- the training curves (`scripts/fair.sh curve` and `curve-long`): the maporl and maporl-long
+  rows' checkpoints on the first held-out questions, per seed.
 Standard library only.
 """
 
@@ -46,6 +46,7 @@ ORDER = [
     "single",
     "sft",
     "maporl",
+    "maporl-long",
     "maporl-current",
     "maporl-alpha",
     "maporl-beta",
@@ -61,6 +62,7 @@ LABEL = {
     "single": "single-agent RL (agent 0 learns)",
     "sft": "SFT on the best 10% of debates",
     "maporl": "MAPoRL, rule verifier",
+    "maporl-long": "MAPoRL, rule verifier, 128 steps",
     "maporl-current": "MAPoRL without influence (horizon = current)",
     "maporl-alpha": "MAPoRL + alpha_1 = 2",
     "maporl-beta": "MAPoRL + beta_0 = 2 (paper's sign)",
@@ -361,20 +363,25 @@ def main():
         [("self", "P(W→R \\| all wrong)"), ("drift", "P(R→W \\| all right)")],
     )
 
-    curves = sorted(root.glob("curve-seed*-step-*.json"))
-    if curves:
+    points = []
+    for path in root.glob("curve*-seed*-step-*.json"):
+        m = re.fullmatch(r"curve(-long)?-seed(\d+)-step-(\d+)", path.stem)
+        if m:
+            steps = 128 if m.group(1) else 32
+            point = json.loads(path.read_text())
+            points.append((steps, int(m.group(2)), int(m.group(3)), point))
+    if points:
         print()
-        print("Training curve: the maporl row's checkpoints on the first held-out questions:")
+        print(
+            "Training curves: the maporl rows' checkpoints (32 steps, and 128 steps with the\n"
+            "learning rate decayed over 128) on the first held-out questions:"
+        )
         print()
-        print(f"| seed | step | questions | {cols} |")
-        print("|---|---|---|" + "---|" * turns)
-        points = []
-        for path in curves:
-            m = re.fullmatch(r"curve-seed(\d+)-step-(\d+)", path.stem)
-            points.append((int(m.group(1)), int(m.group(2)), json.loads(path.read_text())))
-        for seed, step, point in sorted(points, key=lambda p: p[:2]):
+        print(f"| row | seed | step | questions | {cols} |")
+        print("|---|---|---|---|" + "---|" * turns)
+        for steps, seed, step, point in sorted(points, key=lambda p: p[:3]):
             accs = " | ".join(f"{a:.3f}" for a in point["majority_accuracy"])
-            print(f"| {seed} | {step} | {point['tasks']} | {accs} |")
+            print(f"| {steps} steps | {seed} | {step} | {point['tasks']} | {accs} |")
 
 
 if __name__ == "__main__":
