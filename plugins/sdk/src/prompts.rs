@@ -18,10 +18,15 @@ pub enum TaskKind {
 
 /// The kind of a task (case-insensitive).
 pub fn task_kind(task: &Task) -> TaskKind {
-    match task.kind.trim().to_ascii_lowercase().as_str() {
-        "gsm8k" | "arith" => TaskKind::Numeric,
-        "anli" => TaskKind::Nli,
-        _ => TaskKind::Generic,
+    // Without lowering a copy: every prompt builder asks, several times a call.
+    let kind = task.kind.trim();
+    let is = |name: &str| kind.eq_ignore_ascii_case(name);
+    if is("gsm8k") || is("arith") {
+        TaskKind::Numeric
+    } else if is("anli") {
+        TaskKind::Nli
+    } else {
+        TaskKind::Generic
     }
 }
 
@@ -38,12 +43,30 @@ pub fn field<'a>(task: &'a Task, name: &str) -> Option<&'a str> {
 /// Hypothesis: ..." from the `premise` and `hypothesis` fields (the question as given when
 /// either is missing).
 pub fn question_block(task: &Task) -> String {
+    let mut out = String::new();
+    push_question_block(&mut out, task);
+    out
+}
+
+/// Appends [`question_block`] to `out`. The builders below write each message into one
+/// buffer sized up front: in a component, every allocation and every `format!` is guest
+/// code, and they were most of a plugin call's time.
+fn push_question_block(out: &mut String, task: &Task) {
     match task_kind(task) {
         TaskKind::Nli => match (field(task, "premise"), field(task, "hypothesis")) {
-            (Some(p), Some(h)) => format!("Premise: {p}\nHypothesis: {h}"),
-            _ => task.question.trim().to_string(),
+            (Some(p), Some(h)) => {
+                out.reserve(p.len() + h.len() + 22);
+                out.push_str("Premise: ");
+                out.push_str(p);
+                out.push_str("\nHypothesis: ");
+                out.push_str(h);
+            }
+            _ => out.push_str(task.question.trim()),
         },
-        _ => format!("Question: {}", task.question.trim()),
+        _ => {
+            out.push_str("Question: ");
+            out.push_str(task.question.trim());
+        }
     }
 }
 
@@ -79,7 +102,21 @@ pub fn answer_format(task: &Task) -> &'static str {
 
 /// The turn-1 user message: the question block, then the task instruction.
 pub fn first_turn_prompt(task: &Task) -> String {
-    format!("{}\n{}", question_block(task), task_instruction(task))
+    let mut out = String::with_capacity(first_turn_prompt_len(task));
+    push_first_turn_prompt(&mut out, task);
+    out
+}
+
+/// An upper bound on [`first_turn_prompt`]'s length, for sizing buffers.
+fn first_turn_prompt_len(task: &Task) -> usize {
+    let fields: usize = task.fields.iter().map(|(_, v)| v.len()).sum();
+    task.question.len() + fields + task_instruction(task).len() + 32
+}
+
+fn push_first_turn_prompt(out: &mut String, task: &Task) {
+    push_question_block(out, task);
+    out.push('\n');
+    out.push_str(task_instruction(task));
 }
 
 /// The revise instruction at turns >= 2 when other agents' answers are shown.
@@ -94,11 +131,23 @@ pub const REVISE_ALONE: &str = "Consider your previous solution. If you believe 
 
 /// The score note shown under an answer when scores are shown.
 pub fn score_note(score: f32) -> String {
+    let mut out = String::new();
+    push_score_note(&mut out, score);
+    out
+}
+
+fn push_score_note(out: &mut String, score: f32) {
+    use std::fmt::Write;
     let verdict = if score >= 0.5 { "correct" } else { "incorrect" };
-    format!(
+    write!(
+        out,
         "Reward: {score:.3} out of 1.0, which means the verifier thinks this answer is likely {verdict}."
     )
+    .expect("writing to a String cannot fail");
 }
+
+/// The longest score note: a finite score of up to 39 integer digits, or "NaN"/"inf".
+const SCORE_NOTE_LEN: usize = 128;
 
 /// One earlier response shown to an agent.
 #[derive(Clone, Debug)]
@@ -114,28 +163,56 @@ pub struct Shown<'a> {
 /// Renders shown responses, one paragraph each: "Agent 2: text" and, with a score, the
 /// score note on the next line.
 pub fn render_shown(shown: &[Shown<'_>]) -> String {
+    let mut out = String::with_capacity(shown_len(shown));
+    push_shown(&mut out, shown);
+    out
+}
+
+/// An upper bound on [`render_shown`]'s length.
+fn shown_len(shown: &[Shown<'_>]) -> usize {
     shown
         .iter()
-        .map(|s| match s.score {
-            Some(score) => format!("{}: {}\n{}", s.label, s.text.trim(), score_note(score)),
-            None => format!("{}: {}", s.label, s.text.trim()),
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n")
+        .map(|s| s.label.len() + s.text.len() + 4 + s.score.map_or(0, |_| SCORE_NOTE_LEN + 1))
+        .sum()
+}
+
+fn push_shown(out: &mut String, shown: &[Shown<'_>]) {
+    for (i, s) in shown.iter().enumerate() {
+        if i > 0 {
+            out.push_str("\n\n");
+        }
+        out.push_str(&s.label);
+        out.push_str(": ");
+        out.push_str(s.text.trim());
+        if let Some(score) = s.score {
+            out.push('\n');
+            push_score_note(out, score);
+        }
+    }
 }
 
 /// The follow-up user message of a debate turn >= 2: the other agents' previous answers (if
 /// any), the revise instruction, then the question again with its instruction.
 pub fn followup_message(task: &Task, peers: &[Shown<'_>]) -> String {
-    let question = first_turn_prompt(task);
+    const SHOWN: &str = "These are the other agents' answers from the previous turn:\n\n";
+    let question = first_turn_prompt_len(task);
     if peers.is_empty() {
-        format!("{REVISE_ALONE}\n\n{question}")
-    } else {
-        format!(
-            "These are the other agents' answers from the previous turn:\n\n{}\n\n{REVISE_WITH_PEERS}\n\n{question}",
-            render_shown(peers)
-        )
+        let mut out = String::with_capacity(REVISE_ALONE.len() + 2 + question);
+        out.push_str(REVISE_ALONE);
+        out.push_str("\n\n");
+        push_first_turn_prompt(&mut out, task);
+        return out;
     }
+    let mut out = String::with_capacity(
+        SHOWN.len() + shown_len(peers) + REVISE_WITH_PEERS.len() + 4 + question,
+    );
+    out.push_str(SHOWN);
+    push_shown(&mut out, peers);
+    out.push_str("\n\n");
+    out.push_str(REVISE_WITH_PEERS);
+    out.push_str("\n\n");
+    push_first_turn_prompt(&mut out, task);
+    out
 }
 
 /// A system message from the `system` setting (none when unset or blank).
@@ -231,6 +308,11 @@ mod tests {
              the answer as `Answer: \\boxed{N}` where N is an integer."
         );
         assert_eq!(task_kind(&task("ARITH", "", "")), TaskKind::Numeric);
+        assert_eq!(task_kind(&task(" GSM8k\t", "", "")), TaskKind::Numeric);
+        assert_eq!(task_kind(&task("\nAnLi ", "", "")), TaskKind::Nli);
+        for generic in ["", "gsm8kx", "an li", "arithmetic", "ANLİ"] {
+            assert_eq!(task_kind(&task(generic, "", "")), TaskKind::Generic, "{generic}");
+        }
 
         let mut nli = task("anli", "P / H", "e");
         assert!(first_turn_prompt(&nli).starts_with("P / H\nDoes the premise entail"));
@@ -251,6 +333,83 @@ mod tests {
             first_turn_prompt(&other),
             "Question: Capital of France?\nAnswer briefly and end with `Answer: \\boxed{...}`."
         );
+    }
+
+    /// The builders write into sized buffers; they must say what the plain `format!`
+    /// composition says (the prompts' text is part of every run's transcripts).
+    #[test]
+    fn buffered_builders_say_what_format_says() {
+        fn reference_shown(shown: &[Shown<'_>]) -> String {
+            shown
+                .iter()
+                .map(|s| match s.score {
+                    Some(score) => {
+                        let verdict = if score >= 0.5 { "correct" } else { "incorrect" };
+                        format!(
+                            "{}: {}\nReward: {score:.3} out of 1.0, which means the verifier \
+                             thinks this answer is likely {verdict}.",
+                            s.label,
+                            s.text.trim()
+                        )
+                    }
+                    None => format!("{}: {}", s.label, s.text.trim()),
+                })
+                .collect::<Vec<_>>()
+                .join("\n\n")
+        }
+        let mut nli = task("anli", " P / H ", "e");
+        let mut tasks = vec![
+            task("gsm8k", "  What is 2+2?\n", "4"),
+            task("trivia", "Capital?", "Paris"),
+            nli.clone(),
+        ];
+        nli.fields = vec![
+            ("premise".into(), " A dog runs. ".into()),
+            ("hypothesis".into(), "An animal moves.".into()),
+        ];
+        tasks.push(nli);
+        let long = "x".repeat(5000);
+        let texts = [
+            "  first answer \\boxed{4}\n",
+            "",
+            long.as_str(),
+            "é – ünïcode",
+        ];
+        let scores = [None, Some(0.734_f32), Some(0.0), Some(1e30), Some(f32::NAN)];
+        for t in &tasks {
+            let question = format!(
+                "{}\n{}",
+                match (task_kind(t), field(t, "premise"), field(t, "hypothesis")) {
+                    (TaskKind::Nli, Some(p), Some(h)) => format!("Premise: {p}\nHypothesis: {h}"),
+                    (TaskKind::Nli, _, _) => t.question.trim().to_string(),
+                    _ => format!("Question: {}", t.question.trim()),
+                },
+                task_instruction(t)
+            );
+            assert_eq!(first_turn_prompt(t), question);
+            assert_eq!(
+                followup_message(t, &[]),
+                format!("{REVISE_ALONE}\n\n{question}")
+            );
+            for n in 1..=texts.len() {
+                let shown: Vec<Shown<'_>> = (0..n)
+                    .map(|i| Shown {
+                        label: format!("Agent {}", i + 2),
+                        text: texts[i],
+                        score: scores[(i + n) % scores.len()],
+                    })
+                    .collect();
+                assert_eq!(render_shown(&shown), reference_shown(&shown));
+                assert_eq!(
+                    followup_message(t, &shown),
+                    format!(
+                        "These are the other agents' answers from the previous turn:\n\n{}\n\n\
+                         {REVISE_WITH_PEERS}\n\n{question}",
+                        reference_shown(&shown)
+                    )
+                );
+            }
+        }
     }
 
     #[test]
