@@ -12,7 +12,15 @@
 # every turn's answers, scores every answer), heterogeneous-before and heterogeneous (agents
 # 0 and 2 on the fair model, agent 1 on a second warm-started architecture), cross-domain-before
 # and cross-domain (a model warm-started on addition and subtraction, MAPoRL-trained on
-# addition, both evaluated on subtraction: the paper's GSM8K -> ANLI transfer in miniature).
+# addition, both evaluated on subtraction: the paper's GSM8K -> ANLI transfer in miniature);
+# the other direction, cross-domain-reverse-before and cross-domain-reverse (trained on
+# subtraction, evaluated on addition); and each direction's adapters on their own family,
+# cross-domain-same and cross-domain-reverse-same (no training of their own: they evaluate
+# the cross-domain or cross-domain-reverse run of the same seed, which must exist).
+# MODEL_X and X_WARM (the two-family model's directory and its warm-start settings beyond
+# the fair model's) choose another two-family model, e.g. a stronger one:
+#   MODEL_X=runs/fair-model-x2 X_WARM="warm_start.families=[1,4] warm_start.steps=3000
+#   warm_start.tasks=4000 warm_start.drills=12000" OUT=runs/fair-x2 KEPT=results/fair-x2 ...
 # `curve` evaluates the maporl row's kept checkpoints (every 8 steps) on the first
 # CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
 # maporl-long is the maporl row at four times the budget (128 steps, the learning rate
@@ -41,7 +49,8 @@ FAIR_COMMIT=${FAIR_COMMIT:-3bc3ac0}
 CONFIG=configs/fair.toml
 MODEL=runs/fair-model
 MODEL_B=runs/fair-model-b
-MODEL_X=runs/fair-model-x
+MODEL_X=${MODEL_X:-runs/fair-model-x}
+X_WARM=${X_WARM:-"warm_start.families=[1,4]"}
 VERIFIER="$OUT/verifier/checkpoints/final"
 if [ -z "${FAIR_NO_BUILD:-}" ]; then
     cargo xtask plugins
@@ -84,7 +93,11 @@ if [[ " $ROWS " == *" heterogeneous"* || " $ROWS " == *" setup "* ]]; then
         --set warm_start.layers=4
 fi
 if [[ " $ROWS " == *" cross-domain"* || " $ROWS " == *" setup "* ]]; then
-    warm_start "$MODEL_X" --set 'warm_start.families=[1,4]'
+    x_settings=()
+    for setting in $X_WARM; do
+        x_settings+=(--set "$setting")
+    done
+    warm_start "$MODEL_X" "${x_settings[@]}"
 fi
 # The learned verifier: the untrained team's answers at every turn of the training
 # questions, labelled by the rule verifier; LoRA + a head (settings as in scripts/results.sh).
@@ -181,15 +194,25 @@ for seed in $SEEDS; do
                 --set "verifier.checkpoint=$VERIFIER")
             ;;
         heterogeneous) settings=(--set "$HETERO") ;;
-        cross-domain-before) ;;
+        cross-domain-before | cross-domain-reverse-before) ;;
         cross-domain) settings=(--set "model.path=$MODEL_X") ;;
+        cross-domain-reverse) settings=(--set "model.path=$MODEL_X" --set data.difficulty=4) ;;
+        cross-domain-same | cross-domain-reverse-same) ;;
         *)
-            echo "fair: unknown row $row (rows: $ALL maporl-long curve curve-long)" >&2
+            echo "fair: unknown row $row (rows: $ALL maporl-long curve curve-long" \
+                "cross-domain-reverse-before cross-domain-reverse cross-domain-same" \
+                "cross-domain-reverse-same)" >&2
             exit 2
             ;;
         esac
         run=""
-        if [[ $row != *-before && $row != off-the-shelf ]]; then
+        if [[ $row == cross-domain*-same ]]; then
+            run="$OUT/${row%-same}-seed$seed/train"
+            [ -d "$run/checkpoints/final" ] || {
+                echo "fair: $row evaluates $run, which has no final checkpoint: run ${row%-same} first" >&2
+                exit 1
+            }
+        elif [[ $row != *-before && $row != off-the-shelf ]]; then
             run="$dir/train"
             # The held-out questions are data's first 1,000: training starts after them.
             "$BIN" train --config "$CONFIG" --set "seed=$seed" "${settings[@]}" \
@@ -200,9 +223,13 @@ for seed in $SEEDS; do
             }
         fi
         # The evaluation runs the rule verifier whatever the row trained with: accuracy is
-        # the ground truth's. The cross-domain rows are evaluated on the other family.
+        # the ground truth's. The cross-domain rows are evaluated on the other family than
+        # they trained on (subtraction, 4, for cross-domain; addition, 1, for
+        # cross-domain-reverse), the -same rows on their own.
         family=1
-        [[ $row == cross-domain* ]] && family=4
+        case $row in
+        cross-domain | cross-domain-before | cross-domain-reverse-same) family=4 ;;
+        esac
         "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.difficulty=$family" \
             --set "$(team "$row" "${run:+$run/checkpoints/final}")" \
             --set "run_dir=$dir/eval" >"$dir/eval.log" 2>&1 || {

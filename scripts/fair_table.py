@@ -56,6 +56,10 @@ ORDER = [
     "heterogeneous",
     "cross-domain-before",
     "cross-domain",
+    "cross-domain-reverse-same",
+    "cross-domain-reverse-before",
+    "cross-domain-reverse",
+    "cross-domain-same",
 ]
 LABEL = {
     "off-the-shelf": "off-the-shelf (untrained team)",
@@ -72,6 +76,20 @@ LABEL = {
     "heterogeneous": "heterogeneous team, MAPoRL",
     "cross-domain-before": "cross-domain: untrained, on subtraction",
     "cross-domain": "cross-domain: MAPoRL on addition, on subtraction",
+    "cross-domain-reverse-same": "cross-domain: MAPoRL on subtraction, on subtraction",
+    "cross-domain-reverse-before": "cross-domain: untrained, on addition",
+    "cross-domain-reverse": "cross-domain: MAPoRL on subtraction, on addition",
+    "cross-domain-same": "cross-domain: MAPoRL on addition, on addition",
+}
+# Each trained row's untrained team: the same models on the same questions. The cross-domain
+# rows are evaluated on subtraction (cross-domain, cross-domain-reverse-same) or on addition
+# (cross-domain-reverse, cross-domain-same), and only teams on the same family pair up.
+BASE = {
+    "heterogeneous": "heterogeneous-before",
+    "cross-domain": "cross-domain-before",
+    "cross-domain-reverse-same": "cross-domain-before",
+    "cross-domain-reverse": "cross-domain-reverse-before",
+    "cross-domain-same": "cross-domain-reverse-before",
 }
 
 
@@ -308,10 +326,9 @@ def main():
             print(f"| {LABEL.get(row, row)} | {','.join(map(str, seeds))} | {' | '.join(cells)} |")
 
     def base_of(row):
-        for family in ("heterogeneous", "cross-domain"):
-            if row.startswith(family):
-                return f"{family}-before"
-        return "off-the-shelf"
+        if row in BASE:
+            return BASE[row]
+        return row if row.endswith("-before") else "off-the-shelf"
 
     paired_table(
         "Paired differences from the untrained team (same seed, same draws), pooled over seeds,\n"
