@@ -311,7 +311,11 @@ mod tests {
         assert_eq!(task_kind(&task(" GSM8k\t", "", "")), TaskKind::Numeric);
         assert_eq!(task_kind(&task("\nAnLi ", "", "")), TaskKind::Nli);
         for generic in ["", "gsm8kx", "an li", "arithmetic", "ANLİ"] {
-            assert_eq!(task_kind(&task(generic, "", "")), TaskKind::Generic, "{generic}");
+            assert_eq!(
+                task_kind(&task(generic, "", "")),
+                TaskKind::Generic,
+                "{generic}"
+            );
         }
 
         let mut nli = task("anli", "P / H", "e");
