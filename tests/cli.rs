@@ -383,3 +383,53 @@ fn a_fair_table_row_keeps_its_intervals_when_another_row_gains_a_seed() {
         "{after}"
     );
 }
+
+#[test]
+fn each_cross_domain_row_is_paired_with_the_untrained_team_on_its_own_family() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every question's credit at turns 1-3, the same for all 40 questions of a row: the
+    // untrained team is always wrong on subtraction and always right on addition, so a row
+    // paired with the wrong family's team shows it.
+    let rows: [(&str, [f64; 3]); 6] = [
+        ("cross-domain-before", [0.0, 0.0, 0.0]),
+        ("cross-domain-reverse-before", [1.0, 1.0, 1.0]),
+        ("cross-domain", [0.0, 1.0, 1.0]),
+        ("cross-domain-reverse", [1.0, 1.0, 0.0]),
+        ("cross-domain-same", [1.0, 0.0, 1.0]),
+        ("cross-domain-reverse-same", [0.0, 0.0, 1.0]),
+    ];
+    for (row, credit) in rows {
+        let credits: serde_json::Map<String, serde_json::Value> = (0..40)
+            .map(|q| (format!("arith-0-{q}"), serde_json::json!(credit)))
+            .collect();
+        let summary = serde_json::json!({
+            "build": "test", "cpu": "test CPU", "credits": credits,
+            "models": {"fair-model-x2": "00"}, "rates": [[1, "corrected_by_peers", 0, 0]],
+            "turns": 3,
+        });
+        let path = dir.path().join(format!("{row}-seed0.json"));
+        std::fs::write(path, summary.to_string()).unwrap();
+    }
+    let table = fair_table(dir.path());
+    let paired = table
+        .split("row minus its untrained team")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no paired table:\n{table}"));
+    let paired = paired.split("\n\n").next().unwrap();
+    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}]");
+    for (label, diff) in [
+        ("MAPoRL on addition, on subtraction", [0.0, 1.0, 1.0]),
+        ("MAPoRL on subtraction, on addition", [0.0, 0.0, -1.0]),
+        ("MAPoRL on addition, on addition", [0.0, -1.0, 0.0]),
+        ("MAPoRL on subtraction, on subtraction", [0.0, 0.0, 1.0]),
+    ] {
+        let want = format!(
+            "| cross-domain: {label} | 0 | {} | {} | {} |",
+            cell(diff[0]),
+            cell(diff[1]),
+            cell(diff[2])
+        );
+        assert!(paired.contains(&want), "{want}\n{table}");
+    }
+    assert!(!paired.contains("untrained"), "{table}");
+}
