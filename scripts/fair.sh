@@ -87,7 +87,13 @@ warm_start() {
 }
 # The models: the fair team's, and a second architecture for the heterogeneous team (4
 # layers, 48 wide: the same teachers, tokenizer budget and steps).
-warm_start "$MODEL"
+for row in $ROWS; do
+    # Only the cross-domain rows do without the fair team's model.
+    if [[ $row != cross-domain* ]]; then
+        warm_start "$MODEL"
+        break
+    fi
+done
 if [[ " $ROWS " == *" heterogeneous"* || " $ROWS " == *" setup "* ]]; then
     warm_start "$MODEL_B" --set warm_start.hidden_size=48 --set warm_start.intermediate_size=192 \
         --set warm_start.layers=4
