@@ -43,7 +43,7 @@ pub fn field<'a>(task: &'a Task, name: &str) -> Option<&'a str> {
 /// Hypothesis: ..." from the `premise` and `hypothesis` fields (the question as given when
 /// either is missing).
 pub fn question_block(task: &Task) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(first_turn_prompt_len(task));
     push_question_block(&mut out, task);
     out
 }
@@ -55,7 +55,6 @@ fn push_question_block(out: &mut String, task: &Task) {
     match task_kind(task) {
         TaskKind::Nli => match (field(task, "premise"), field(task, "hypothesis")) {
             (Some(p), Some(h)) => {
-                out.reserve(p.len() + h.len() + 22);
                 out.push_str("Premise: ");
                 out.push_str(p);
                 out.push_str("\nHypothesis: ");
@@ -107,7 +106,8 @@ pub fn first_turn_prompt(task: &Task) -> String {
     out
 }
 
-/// An upper bound on [`first_turn_prompt`]'s length, for sizing buffers.
+/// An upper bound on [`first_turn_prompt`]'s (and so [`question_block`]'s) length, for
+/// sizing buffers.
 fn first_turn_prompt_len(task: &Task) -> usize {
     let fields: usize = task.fields.iter().map(|(_, v)| v.len()).sum();
     task.question.len() + fields + task_instruction(task).len() + 32
