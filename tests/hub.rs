@@ -150,9 +150,7 @@ impl Server {
                 while !stop.load(Ordering::SeqCst) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            if let Some(request) = serve(stream, &base, &repos, &quirks) {
-                                log.lock().unwrap().push(request);
-                            }
+                            serve(stream, &base, &repos, &quirks, &log);
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(2));
@@ -196,7 +194,8 @@ fn serve(
     base: &str,
     repos: &BTreeMap<String, BTreeMap<String, Vec<u8>>>,
     quirks: &Quirks,
-) -> Option<Request> {
+    log: &Mutex<Vec<Request>>,
+) -> Option<()> {
     stream.set_nonblocking(false).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -337,12 +336,14 @@ fn serve(
         response.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     response.push_str("Connection: close\r\n\r\n");
+    // Logged before the answer leaves: a client that has its answer (and may have exited)
+    // never finds its request missing from the log.
+    log.lock().unwrap().push(request);
     stream.write_all(response.as_bytes()).ok()?;
     if method != "HEAD" {
         stream.write_all(&body).ok()?;
     }
-    stream.flush().ok()?;
-    Some(request)
+    stream.flush().ok()
 }
 
 fn hub(server: &Server, cache: &Path) -> Hub {
