@@ -25,6 +25,7 @@
 # CURVE_QUESTIONS (default 300) held-out questions, to see where training flattens.
 # maporl-long is the maporl row at four times the budget (128 steps, the learning rate
 # decayed over 128, a checkpoint every 16, all kept); `curve-long` evaluates its checkpoints.
+# maporl-current-long is maporl-current at that budget (the ablation where the curve is flat).
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
 # evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
 # in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair), with the
@@ -186,9 +187,11 @@ for seed in $SEEDS; do
         off-the-shelf) ;;
         heterogeneous-before) ;;
         maporl) settings=(--set train.mode=maporl) ;;
-        maporl-long)
+        maporl-long | maporl-current-long)
             settings=(--set train.mode=maporl --set train.steps=128 --set train.checkpoint_every=16
                 --set train.keep_checkpoints=0)
+            [ "$row" = maporl-current-long ] &&
+                settings+=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}')
             ;;
         single | sft) settings=(--set "train.mode=$row") ;;
         maporl-current) settings=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}') ;;
@@ -205,7 +208,7 @@ for seed in $SEEDS; do
         cross-domain-reverse) settings=(--set "model.path=$MODEL_X" --set data.difficulty=4) ;;
         cross-domain-same | cross-domain-reverse-same) ;;
         *)
-            echo "fair: unknown row $row (rows: $ALL maporl-long curve curve-long" \
+            echo "fair: unknown row $row (rows: $ALL maporl-long maporl-current-long curve curve-long" \
                 "cross-domain-reverse-before cross-domain-reverse cross-domain-same" \
                 "cross-domain-reverse-same)" >&2
             exit 2

@@ -22,7 +22,8 @@ eval.json):
 - the paired difference from the row's untrained team (off-the-shelf; for the heterogeneous
   and cross-domain teams, their own untrained versions) per turn, pooled over seeds question
   by question, with a bootstrap 95% interval that resamples questions within each seed; and
-  MAPoRL's paired difference from every other row on the same model;
+  MAPoRL's paired difference from every other row on the same model, and MAPoRL at 128
+  steps' from each other 128-step row;
 - the row's own gain from turn 1 to each later turn (paired within the row) with its
   interval;
 - the conditional rates P(wrong->right | wrong, a peer right) and P(right->wrong | right, a
@@ -48,6 +49,7 @@ ORDER = [
     "maporl",
     "maporl-long",
     "maporl-current",
+    "maporl-current-long",
     "maporl-alpha",
     "maporl-beta",
     "maporl-beta-code",
@@ -68,6 +70,7 @@ LABEL = {
     "maporl": "MAPoRL, rule verifier",
     "maporl-long": "MAPoRL, rule verifier, 128 steps",
     "maporl-current": "MAPoRL without influence (horizon = current)",
+    "maporl-current-long": "MAPoRL without influence, 128 steps",
     "maporl-alpha": "MAPoRL + alpha_1 = 2",
     "maporl-beta": "MAPoRL + beta_0 = 2 (paper's sign)",
     "maporl-beta-code": "MAPoRL + beta_0 = 2 (code's sign)",
@@ -345,6 +348,13 @@ def main():
                 for r in rows
                 if r != "maporl" and not r.startswith(("heterogeneous", "cross-domain"))
             ],
+        )
+
+    if "maporl-long" in runs:
+        paired_table(
+            "MAPoRL at 128 steps minus each other row at 128 steps, paired the same way:",
+            "MAPoRL, 128 steps, minus",
+            [(r, "maporl-long", r) for r in rows if r.endswith("-long") and r != "maporl-long"],
         )
 
     def rate_table(title, kinds):

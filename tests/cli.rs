@@ -385,6 +385,50 @@ fn a_fair_table_row_keeps_its_intervals_when_another_row_gains_a_seed() {
 }
 
 #[test]
+fn a_row_at_128_steps_is_compared_with_maporl_at_128_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    // MAPoRL at 32 steps and at 128 share nothing, so a 128-step row compared with the 32-step
+    // MAPoRL (or not compared at all) shows in the table.
+    let rows: [(&str, [f64; 3]); 4] = [
+        ("off-the-shelf", [0.0, 0.0, 0.0]),
+        ("maporl", [0.0, 0.0, 1.0]),
+        ("maporl-long", [1.0, 1.0, 1.0]),
+        ("maporl-current-long", [1.0, 0.0, 1.0]),
+    ];
+    for (row, credit) in rows {
+        let credits: serde_json::Map<String, serde_json::Value> = (0..40)
+            .map(|q| (format!("arith-0-{q}"), serde_json::json!(credit)))
+            .collect();
+        let summary = serde_json::json!({
+            "build": "test", "cpu": "test CPU", "credits": credits,
+            "models": {"fair-model": "00"}, "rates": [[1, "corrected_by_peers", 0, 0]],
+            "turns": 3,
+        });
+        let path = dir.path().join(format!("{row}-seed0.json"));
+        std::fs::write(path, summary.to_string()).unwrap();
+    }
+    let table = fair_table(dir.path());
+    let long = table
+        .split("MAPoRL, 128 steps, minus")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no table of the 128-step rows:\n{table}"));
+    let long = long.split("\n\n").next().unwrap();
+    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}]");
+    let want = format!(
+        "| MAPoRL without influence, 128 steps | 0 | {} | {} | {} |",
+        cell(0.0),
+        cell(1.0),
+        cell(0.0)
+    );
+    assert!(long.contains(&want), "{want}\n{table}");
+    assert_eq!(
+        long.matches("\n| ").count(),
+        1,
+        "one 128-step row besides MAPoRL's:\n{table}"
+    );
+}
+
+#[test]
 fn each_cross_domain_row_is_paired_with_the_untrained_team_on_its_own_family() {
     let dir = tempfile::tempdir().unwrap();
     // Every question's credit at turns 1-3, the same for all 40 questions of a row: the
