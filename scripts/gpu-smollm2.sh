@@ -3,12 +3,14 @@
 # and a limit on what one transfer may carry (the model alone is 98 MB): the CUDA build and the
 # model go over in parts, kept on that machine between calls.
 #
-#   here:   scripts/gpu-smollm2.sh pack [PART_MB]   # .gpu/smollm2/part-0, part-1, ... (default 56 MB each)
+#   here:   scripts/gpu-smollm2.sh pack [PART_MB]   # .gpu/smollm2/part-0, part-1, ... (default 51 MiB each)
 #   there:  scripts/gpu-smollm2.sh stash            # with each part but the last: keeps it in $STASH
 #           scripts/gpu-smollm2.sh run              # with the last: assembles, runs on cuda, results in $OUT
 #
 # Each call carries one part and the SHA256SUMS beside it (the paths .gpu/smollm2/part-N and
-# .gpu/smollm2/SHA256SUMS), on one machine kept between the calls.
+# .gpu/smollm2/SHA256SUMS), on one machine kept between the calls. A call carries 64 MiB in
+# all, the checkout (about 8 MB) included: hence parts of 51 MiB (the build and the model
+# come to about 101 MiB xz'd, two parts).
 #
 # pack builds maporl with `--features cuda` (scripts/cuda-env.sh: CUDA 13.0 from PyPI, stub
 # libraries; MAPORL_GPU_BIN=PATH takes a CUDA build made before instead), strips it, adds the
@@ -35,7 +37,7 @@ die() {
 case ${1:-} in
 pack)
     set -e
-    part_mb=${2:-56}
+    part_mb=${2:-51}
     model=${MODEL:-$HOME/.cache/maporl/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     [ -f "$model" ] || die "no model at $model (scripts/fetch-smollm2.sh fetches it)"
     target=${CARGO_TARGET_DIR:-target}
