@@ -113,9 +113,7 @@ impl Server {
                     match listener.accept() {
                         Ok((stream, _)) => {
                             served += 1;
-                            if let Some(path) = serve(stream, &routes) {
-                                log.lock().unwrap().push(path);
-                            }
+                            serve(stream, &routes, &log);
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(5));
@@ -148,7 +146,11 @@ impl Drop for Server {
 }
 
 /// Answers one request; returns its path.
-fn serve(mut stream: TcpStream, routes: &HashMap<String, Vec<u8>>) -> Option<String> {
+fn serve(
+    mut stream: TcpStream,
+    routes: &HashMap<String, Vec<u8>>,
+    log: &Mutex<Vec<String>>,
+) -> Option<()> {
     stream.set_nonblocking(false).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -173,10 +175,12 @@ fn serve(mut stream: TcpStream, routes: &HashMap<String, Vec<u8>>) -> Option<Str
          Connection: close\r\n\r\n",
         body.len()
     );
+    // Logged before the answer leaves: a client that has its answer (and may have exited)
+    // never finds its request missing from the log.
+    log.lock().unwrap().push(path);
     stream.write_all(header.as_bytes()).ok()?;
     stream.write_all(body).ok()?;
-    stream.flush().ok()?;
-    Some(path)
+    stream.flush().ok()
 }
 
 /// Files under `dir`, recursively, relative to it, sorted.
