@@ -384,6 +384,22 @@ fn a_fair_table_row_keeps_its_intervals_when_another_row_gains_a_seed() {
     );
 }
 
+/// Seed 0's summary of each row, on `model`: every one of 40 questions with the row's
+/// credits at turns 1-3.
+fn write_uniform_summaries(dir: &std::path::Path, model: &str, rows: &[(&str, [f64; 3])]) {
+    for (row, credit) in rows {
+        let credits: serde_json::Map<String, serde_json::Value> = (0..40)
+            .map(|q| (format!("arith-0-{q}"), serde_json::json!(credit)))
+            .collect();
+        let summary = serde_json::json!({
+            "build": "test", "cpu": "test CPU", "credits": credits,
+            "models": {model: "00"}, "rates": [[1, "corrected_by_peers", 0, 0]],
+            "turns": 3,
+        });
+        std::fs::write(dir.join(format!("{row}-seed0.json")), summary.to_string()).unwrap();
+    }
+}
+
 #[test]
 fn a_row_at_128_steps_is_compared_with_maporl_at_128_steps() {
     let dir = tempfile::tempdir().unwrap();
@@ -395,18 +411,7 @@ fn a_row_at_128_steps_is_compared_with_maporl_at_128_steps() {
         ("maporl-long", [1.0, 1.0, 1.0]),
         ("maporl-current-long", [1.0, 0.0, 1.0]),
     ];
-    for (row, credit) in rows {
-        let credits: serde_json::Map<String, serde_json::Value> = (0..40)
-            .map(|q| (format!("arith-0-{q}"), serde_json::json!(credit)))
-            .collect();
-        let summary = serde_json::json!({
-            "build": "test", "cpu": "test CPU", "credits": credits,
-            "models": {"fair-model": "00"}, "rates": [[1, "corrected_by_peers", 0, 0]],
-            "turns": 3,
-        });
-        let path = dir.path().join(format!("{row}-seed0.json"));
-        std::fs::write(path, summary.to_string()).unwrap();
-    }
+    write_uniform_summaries(dir.path(), "fair-model", &rows);
     let table = fair_table(dir.path());
     let long = table
         .split("MAPoRL, 128 steps, minus")
@@ -442,18 +447,7 @@ fn each_cross_domain_row_is_paired_with_the_untrained_team_on_its_own_family() {
         ("cross-domain-same", [1.0, 0.0, 1.0]),
         ("cross-domain-reverse-same", [0.0, 0.0, 1.0]),
     ];
-    for (row, credit) in rows {
-        let credits: serde_json::Map<String, serde_json::Value> = (0..40)
-            .map(|q| (format!("arith-0-{q}"), serde_json::json!(credit)))
-            .collect();
-        let summary = serde_json::json!({
-            "build": "test", "cpu": "test CPU", "credits": credits,
-            "models": {"fair-model-x2": "00"}, "rates": [[1, "corrected_by_peers", 0, 0]],
-            "turns": 3,
-        });
-        let path = dir.path().join(format!("{row}-seed0.json"));
-        std::fs::write(path, summary.to_string()).unwrap();
-    }
+    write_uniform_summaries(dir.path(), "fair-model-x2", &rows);
     let table = fair_table(dir.path());
     let paired = table
         .split("row minus its untrained team")
