@@ -145,7 +145,7 @@ impl Drop for Server {
     }
 }
 
-/// Answers one request; returns its path.
+/// Answers one request, logging its path first.
 fn serve(
     mut stream: TcpStream,
     routes: &HashMap<String, Vec<u8>>,

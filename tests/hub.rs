@@ -189,6 +189,7 @@ impl Drop for Server {
     }
 }
 
+/// Answers one request, logging it first.
 fn serve(
     mut stream: TcpStream,
     base: &str,
