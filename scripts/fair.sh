@@ -134,6 +134,8 @@ models_of() {
 }
 
 HETERO="agents=[{model=\"$MODEL\"},{model=\"$MODEL_B\"},{model=\"$MODEL\"}]"
+# The ablation of Definition 1: each answer rewarded for its own correctness only.
+CURRENT='plugins.shaper.settings={gamma=0.3,horizon="current"}'
 # The team for `maporl eval` of row $1: each agent's model and, when checkpoint $2 holds
 # one for it, its adapter.
 team() {
@@ -191,10 +193,10 @@ for seed in $SEEDS; do
             settings=(--set train.mode=maporl --set train.steps=128 --set train.checkpoint_every=16
                 --set train.keep_checkpoints=0)
             [ "$row" = maporl-current-long ] &&
-                settings+=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}')
+                settings+=(--set "$CURRENT")
             ;;
         single | sft) settings=(--set "train.mode=$row") ;;
-        maporl-current) settings=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}') ;;
+        maporl-current) settings=(--set "$CURRENT") ;;
         maporl-alpha) settings=(--set 'plugins.shaper.settings={gamma=0.3,alpha_1=2.0}') ;;
         maporl-beta) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0}') ;;
         maporl-beta-code) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0,beta_sign="code"}') ;;
