@@ -175,6 +175,7 @@ fn sdk_files() -> Vec<(&'static str, String)> {
         "Cargo.toml",
         "README.md",
         "src/lib.rs",
+        "src/allocator.rs",
         "src/answers.rs",
         "src/prompts.rs",
         "src/settings.rs",

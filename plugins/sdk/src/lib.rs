@@ -46,6 +46,7 @@
 //! unit tests (`cargo test`); the host functions are `unreachable!()` stubs outside wasm32,
 //! so native tests pass them in as closures (see the `learned` verifier).
 
+pub mod allocator;
 pub mod answers;
 pub mod prompts;
 pub mod settings;
@@ -56,6 +57,13 @@ use serde::de::DeserializeOwned;
 use std::any::Any;
 use std::cell::RefCell;
 use std::marker::PhantomData;
+
+/// The allocator of every plugin built with this crate (see [`allocator`]); turn the
+/// feature `allocator` off to keep the system allocator or to install another.
+#[cfg(all(target_arch = "wasm32", feature = "allocator"))]
+#[global_allocator]
+static ALLOCATOR: allocator::SizeClasses<std::alloc::System> =
+    allocator::SizeClasses::new(std::alloc::System);
 
 /// The bindings wit-bindgen generates for the three worlds. Plugins use the traits and
 /// macros of this crate instead; this is public for the export macros (and for test
