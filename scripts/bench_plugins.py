@@ -30,39 +30,40 @@ import time
 ASCII_WS = " \t\n\x0c\r"
 
 
-def boxed_contents(text):
-    found = []
-    start_from = 0
+def box_at(text, pos):
+    """The content of the box whose \\boxed starts at pos, if it is complete."""
     n = len(text)
-    while True:
-        pos = text.find("\\boxed", start_from)
-        if pos < 0:
-            return found
-        i = pos + 6
-        start_from = i
-        while i < n and text[i] in ASCII_WS:
-            i += 1
-        if i >= n or text[i] != "{":
-            continue
-        start = i + 1
-        depth = 1
-        j = start
-        while j < n:
-            c = text[j]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
-        if depth == 0:
-            found.append(text[start:j])
+    i = pos + 6
+    while i < n and text[i] in ASCII_WS:
+        i += 1
+    if i >= n or text[i] != "{":
+        return None
+    start = i + 1
+    depth = 1
+    j = start
+    while j < n:
+        c = text[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:j]
+        j += 1
+    return None
 
 
 def last_boxed(text):
-    found = boxed_contents(text)
-    return found[-1] if found else None
+    # As the SDK does: the complete box that opens last, searched from the end.
+    end = len(text)
+    while True:
+        pos = text.rfind("\\boxed", 0, end)
+        if pos < 0:
+            return None
+        content = box_at(text, pos)
+        if content is not None:
+            return content
+        end = pos
 
 
 NUMERIC = set("0123456789+-.")

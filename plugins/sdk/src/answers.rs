@@ -4,45 +4,59 @@
 /// Nested braces are balanced (`\boxed{\frac{1}{2}}` gives `\frac{1}{2}`); whitespace between
 /// `\boxed` and `{` is allowed; a box that is never closed (a truncated response) is skipped.
 pub fn boxed_contents(text: &str) -> Vec<&str> {
-    let bytes = text.as_bytes();
     let mut found = Vec::new();
     let mut from = 0;
-    while let Some(pos) = text[from..].find("\\boxed") {
-        let mut i = from + pos + "\\boxed".len();
-        from = i;
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if i >= bytes.len() || bytes[i] != b'{' {
-            continue;
-        }
-        let start = i + 1;
-        let mut depth = 1usize;
-        let mut j = start;
-        while j < bytes.len() {
-            match bytes[j] {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            j += 1;
-        }
-        if depth == 0 {
-            // Braces are ASCII, so `start..j` lies on char boundaries.
-            found.push(&text[start..j]);
-        }
+    while let Some(pos) = text[from..].find(BOXED) {
+        let at = from + pos;
+        found.extend(box_at(text, at));
+        from = at + BOXED.len();
     }
     found
 }
 
-/// The content of the last complete `\boxed{...}` (see [`boxed_contents`]).
+/// The content of the last complete `\boxed{...}` (see [`boxed_contents`]): the complete
+/// box that opens last. Found from the end of the text, where answers are, so a response's
+/// reasoning before its box is not read.
 pub fn last_boxed(text: &str) -> Option<&str> {
-    boxed_contents(text).pop()
+    let mut end = text.len();
+    while let Some(at) = text[..end].rfind(BOXED) {
+        if let Some(content) = box_at(text, at) {
+            return Some(content);
+        }
+        // `at` is where an ASCII `\` starts: a char boundary.
+        end = at;
+    }
+    None
+}
+
+const BOXED: &str = "\\boxed";
+
+/// The content of the box whose `\boxed` starts at byte `at`, if it is complete.
+fn box_at(text: &str, at: usize) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let mut i = at + BOXED.len();
+    while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if i >= bytes.len() || bytes[i] != b'{' {
+        return None;
+    }
+    let start = i + 1;
+    let mut depth = 1usize;
+    for (j, &b) in bytes.iter().enumerate().skip(start) {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    // Braces are ASCII, so `start..j` lies on char boundaries.
+                    return Some(&text[start..j]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Keeps the characters an integer answer may use: ASCII digits, `+`, `-` (also the
@@ -151,8 +165,12 @@ pub fn nli_reference(reference: &str) -> Option<&'static str> {
 /// The text after the last `Answer:` (any case) up to the end of that line, trimmed; a
 /// `\boxed{}` inside that line is unwrapped. `None` when there is no such line or it is empty.
 pub fn answer_line(text: &str) -> Option<&str> {
-    // ASCII lower-casing keeps byte offsets.
-    let pos = text.to_ascii_lowercase().rfind("answer:")?;
+    // Compared ASCII-case-insensitively in place, from the end: no lower-cased copy.
+    const ANSWER: &[u8] = b"answer:";
+    let pos = text
+        .as_bytes()
+        .windows(ANSWER.len())
+        .rposition(|w| w.eq_ignore_ascii_case(ANSWER))?;
     let rest = &text[pos + "answer:".len()..];
     let line = rest.split('\n').next().unwrap_or(rest);
     let line = last_boxed(line).unwrap_or(line).trim();
@@ -202,6 +220,50 @@ mod tests {
         assert_eq!(boxed_contents("\\boxed{a}\\boxed{b}"), vec!["a", "b"]);
         // Non-ASCII around and inside the box.
         assert_eq!(last_boxed("é \\boxed{ü{ß}} ø"), Some("ü{ß}"));
+    }
+
+    /// The search from the end finds what the forward scan's last box is, on texts built
+    /// from the pieces that matter: boxes (nested, spaced, unclosed, empty), stray braces
+    /// and backslashes, `\\boxe` prefixes, and non-ASCII text.
+    #[test]
+    fn the_last_box_from_the_end_is_the_forward_scans_last() {
+        const PIECES: [&str; 14] = [
+            "\\boxed{",
+            "\\boxed {",
+            "\\boxed",
+            "\\boxe",
+            "{",
+            "}",
+            "}}",
+            "42",
+            " ",
+            "\\",
+            "é ü",
+            "\\frac{1}{2}",
+            "Answer: ",
+            "\\boxed{7}",
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut with_box = 0;
+        for _ in 0..20_000 {
+            let len = next() % 12;
+            let text: String = (0..len)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect();
+            let forward = boxed_contents(&text).pop();
+            with_box += usize::from(forward.is_some());
+            assert_eq!(last_boxed(&text), forward, "text {text:?}");
+        }
+        assert!(
+            with_box > 5_000,
+            "the texts must exercise boxes: {with_box}"
+        );
     }
 
     #[test]
@@ -281,6 +343,10 @@ mod tests {
         assert_eq!(answer_line("Answer: \\boxed{x} done"), Some("x"));
         assert_eq!(answer_line("Answer:   \n"), None);
         assert_eq!(answer_line("none"), None);
+        // Any ASCII case; non-ASCII text before it keeps the offsets right.
+        assert_eq!(answer_line("ÄÖ answer: x\nANSWER:  ünï "), Some("ünï"));
+        assert_eq!(answer_line("AnSwEr:7"), Some("7"));
+        assert_eq!(answer_line("answer"), None);
     }
 
     #[test]
