@@ -7,34 +7,64 @@ use std::path::Path;
 use wasmtime::component::InstancePre;
 use wasmtime::Store;
 
-use super::bindings::{protocol as b, wit};
+use super::bindings::{protocol as b, wit, Export, Signature, TaskView, TranscriptView};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
 use crate::transcript::{Prompt, Task, Transcript};
 
-impl WorldBindings for b::Protocol {
+/// `plan-turn(task, turn, transcript) -> result<list<prompt>, string>`.
+pub(crate) struct PlanTurn;
+
+impl Signature for PlanTurn {
+    type Params<'a> = (TaskView<'a>, u32, TranscriptView<'a>);
+    type Results = (Result<Vec<wit::Prompt>, String>,);
+}
+
+/// `decide(task, turn, transcript) -> result<list<string>, string>`.
+pub(crate) struct Decide;
+
+impl Signature for Decide {
+    type Params<'a> = (TaskView<'a>, u32, TranscriptView<'a>);
+    type Results = (Result<Vec<String>, String>,);
+}
+
+/// A protocol's instance: the generated bindings (for `configure`), and the calls of a
+/// debate, which lower the host's records without copying them first.
+pub(crate) struct Exports {
+    bindings: b::Protocol,
+    plan_turn: Export<PlanTurn>,
+    decide: Export<Decide>,
+}
+
+impl WorldBindings for Exports {
     type Pre = b::ProtocolPre<Sandbox>;
     const WORLD: World = World::Protocol;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         b::ProtocolPre::new(pre)
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        pre.instantiate(store)
+        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        Ok(Exports {
+            bindings: b::Protocol::new(&mut *store, &instance)?,
+            plan_turn: Export::find(store, &instance, Self::WORLD, "plan-turn")?,
+            decide: Export::find(store, &instance, Self::WORLD, "decide")?,
+        })
     }
     fn configure(
         &self,
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.maporl_plugin_collaboration()
+        self.bindings
+            .maporl_plugin_collaboration()
             .call_configure(store, settings)
     }
 }
 
 /// A loaded protocol plugin.
 pub struct Protocol {
-    handle: Handle<b::Protocol>,
+    handle: Handle<Exports>,
 }
 
 impl Protocol {
@@ -73,10 +103,13 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<Prompt>, PluginError> {
-        let (wtask, wtranscript) = (without_reference(task), without_correctness(transcript));
         let plan = self.handle.call("plan-turn", Some(&task.id), |p, store| {
-            p.maporl_plugin_collaboration()
-                .call_plan_turn(store, &wtask, turn, &wtranscript)
+            let params = (
+                TaskView::without_reference(task),
+                turn,
+                TranscriptView::without_correctness(transcript),
+            );
+            p.plan_turn.call(store, params).map(|(plan,)| plan)
         })?;
         let plan: Vec<Prompt> = plan.into_iter().map(Prompt::from).collect();
         validate_plan(
@@ -106,10 +139,13 @@ impl Protocol {
         turn: u32,
         transcript: &Transcript,
     ) -> Result<Vec<String>, PluginError> {
-        let (wtask, wtranscript) = (without_reference(task), without_correctness(transcript));
         let answers = self.handle.call("decide", Some(&task.id), |p, store| {
-            p.maporl_plugin_collaboration()
-                .call_decide(store, &wtask, turn, &wtranscript)
+            let params = (
+                TaskView::without_reference(task),
+                turn,
+                TranscriptView::without_correctness(transcript),
+            );
+            p.decide.call(store, params).map(|(answers,)| answers)
         })?;
         validate_decision(&answers, turn, transcript).map_err(|msg| {
             self.handle
@@ -117,24 +153,6 @@ impl Protocol {
         })?;
         Ok(answers)
     }
-}
-
-/// The task as a protocol sees it: without the gold answer, which must never reach a prompt.
-fn without_reference(task: &Task) -> wit::Task {
-    wit::Task {
-        reference: String::new(),
-        ..wit::Task::from(task)
-    }
-}
-
-/// The transcript as a protocol sees it: no utterance marked correct, since correctness is
-/// the gold answer in another form.
-fn without_correctness(transcript: &Transcript) -> wit::Transcript {
-    let mut seen = wit::Transcript::from(transcript);
-    for u in &mut seen.utterances {
-        u.correct = false;
-    }
-    seen
 }
 
 /// The team's answer must be one an agent gave by that turn (else the team would be

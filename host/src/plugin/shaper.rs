@@ -7,34 +7,54 @@ use std::path::Path;
 use wasmtime::component::InstancePre;
 use wasmtime::Store;
 
-use super::bindings::{shaper as b, wit};
+use super::bindings::{shaper as b, wit, Export, Signature, TaskView, TranscriptView};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
 use crate::transcript::{Reward, Task, Transcript};
 
-impl WorldBindings for b::RewardShaper {
+/// `shape(task, transcript) -> result<list<reward>, string>`.
+pub(crate) struct Shape;
+
+impl Signature for Shape {
+    type Params<'a> = (TaskView<'a>, TranscriptView<'a>);
+    type Results = (Result<Vec<wit::Reward>, String>,);
+}
+
+/// A reward shaper's instance: the generated bindings (for `configure`), and `shape`, which
+/// lowers the host's records without copying them first.
+pub(crate) struct Exports {
+    bindings: b::RewardShaper,
+    shape: Export<Shape>,
+}
+
+impl WorldBindings for Exports {
     type Pre = b::RewardShaperPre<Sandbox>;
     const WORLD: World = World::RewardShaper;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         b::RewardShaperPre::new(pre)
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        pre.instantiate(store)
+        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        Ok(Exports {
+            bindings: b::RewardShaper::new(&mut *store, &instance)?,
+            shape: Export::find(store, &instance, Self::WORLD, "shape")?,
+        })
     }
     fn configure(
         &self,
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.maporl_plugin_reward_shaping()
+        self.bindings
+            .maporl_plugin_reward_shaping()
             .call_configure(store, settings)
     }
 }
 
 /// A loaded reward-shaper plugin.
 pub struct RewardShaper {
-    handle: Handle<b::RewardShaper>,
+    handle: Handle<Exports>,
 }
 
 impl RewardShaper {
@@ -72,10 +92,9 @@ impl RewardShaper {
         task: &Task,
         transcript: &Transcript,
     ) -> Result<Vec<Reward>, PluginError> {
-        let (wtask, wtranscript) = (wit::Task::from(task), wit::Transcript::from(transcript));
         let rewards = self.handle.call("shape", Some(&task.id), |s, store| {
-            s.maporl_plugin_reward_shaping()
-                .call_shape(store, &wtask, &wtranscript)
+            let params = (TaskView::of(task), TranscriptView::of(transcript));
+            s.shape.call(store, params).map(|(rewards,)| rewards)
         })?;
         let rewards: Vec<Reward> = rewards.into_iter().map(Reward::from).collect();
         validate_rewards(&rewards, transcript, self.handle.limits().max_abs_reward).map_err(

@@ -5,34 +5,64 @@ use std::path::Path;
 use wasmtime::component::InstancePre;
 use wasmtime::Store;
 
-use super::bindings::{verifier as b, wit};
+use super::bindings::{verifier as b, wit, Export, Signature, TaskView};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
 use crate::transcript::{Task, Verdict};
 
-impl WorldBindings for b::Verifier {
+/// `extract(task, text) -> result<option<string>, string>`.
+pub(crate) struct Extract;
+
+impl Signature for Extract {
+    type Params<'a> = (TaskView<'a>, &'a str);
+    type Results = (Result<Option<String>, String>,);
+}
+
+/// `score(task, responses) -> result<list<verdict>, string>`.
+pub(crate) struct Score;
+
+impl Signature for Score {
+    type Params<'a> = (TaskView<'a>, &'a [String]);
+    type Results = (Result<Vec<wit::Verdict>, String>,);
+}
+
+/// A verifier's instance: the generated bindings (for `configure`), and its calls, which
+/// lower the host's records without copying them first.
+pub(crate) struct Exports {
+    bindings: b::Verifier,
+    extract: Export<Extract>,
+    score: Export<Score>,
+}
+
+impl WorldBindings for Exports {
     type Pre = b::VerifierPre<Sandbox>;
     const WORLD: World = World::Verifier;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         b::VerifierPre::new(pre)
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        pre.instantiate(store)
+        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        Ok(Exports {
+            bindings: b::Verifier::new(&mut *store, &instance)?,
+            extract: Export::find(store, &instance, Self::WORLD, "extract")?,
+            score: Export::find(store, &instance, Self::WORLD, "score")?,
+        })
     }
     fn configure(
         &self,
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.maporl_plugin_verification()
+        self.bindings
+            .maporl_plugin_verification()
             .call_configure(store, settings)
     }
 }
 
 /// A loaded verifier plugin.
 pub struct Verifier {
-    handle: Handle<b::Verifier>,
+    handle: Handle<Exports>,
 }
 
 impl Verifier {
@@ -70,10 +100,9 @@ impl Verifier {
 
     /// The answer in one response; `None` when it holds no valid answer.
     pub fn extract(&mut self, task: &Task, text: &str) -> Result<Option<String>, PluginError> {
-        let wtask = wit::Task::from(task);
         self.handle.call("extract", Some(&task.id), |v, store| {
-            v.maporl_plugin_verification()
-                .call_extract(store, &wtask, text)
+            let params = (TaskView::of(task), text);
+            v.extract.call(store, params).map(|(answer,)| answer)
         })
     }
 
@@ -83,10 +112,9 @@ impl Verifier {
         task: &Task,
         responses: &[String],
     ) -> Result<Vec<Verdict>, PluginError> {
-        let wtask = wit::Task::from(task);
         let verdicts = self.handle.call("score", Some(&task.id), |v, store| {
-            v.maporl_plugin_verification()
-                .call_score(store, &wtask, responses)
+            let params = (TaskView::of(task), responses);
+            v.score.call(store, params).map(|(verdicts,)| verdicts)
         })?;
         let verdicts: Vec<Verdict> = verdicts.into_iter().map(Verdict::from).collect();
         validate_verdicts(&verdicts, responses.len()).map_err(|msg| {
