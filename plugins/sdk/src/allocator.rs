@@ -4,8 +4,8 @@
 //! A plugin call allocates many small blocks and frees them all: the host lowers every string
 //! of the task and the transcript with one `cabi_realloc` call into the guest each, the
 //! plugin builds its result, and `cabi_post_return` frees both. With the system allocator
-//! (wasi-libc's dlmalloc) an allocation and its free cost about 540 wasm instructions: more
-//! than the whole decision of a protocol's `decide`. Here a request of at most
+//! (wasi-libc's dlmalloc), a `decide` that returns at once on a 3-agent × 3-turn transcript
+//! ran 12,426 wasm instructions (fuel); with this one, 5,815. Here a request of at most
 //! [`SMALL_MAX`] bytes (alignment at most 16) takes a block of the next power of two (16 B
 //! to 64 KiB) from that size's free list, or carves one from the current 64 KiB chunk (the
 //! classes above 4 KiB take theirs from the system allocator one at a time); a free pushes
