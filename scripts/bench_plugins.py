@@ -767,12 +767,23 @@ def table(out_dir):
         sys.exit(f"no rust-N.json in {out_dir}")
     rust = [json.load(open(os.path.join(out_dir, f"rust-{r}.json"))) for r in reps]
     py = [json.load(open(os.path.join(out_dir, f"python-{r}.json"))) for r in reps]
+    # BASELINE=REV runs: the same bench of another revision, run just before each repetition.
+    base = [
+        json.load(open(os.path.join(out_dir, f"base-{r}.json")))
+        for r in reps
+        if os.path.exists(os.path.join(out_dir, f"base-{r}.json"))
+    ]
     rows = []
     for i, row in enumerate(rust[0]["rows"]):
         key = (row["plugin"], row["call"])
-        python = []
+        python, base_wasm, base_fuel = [], [], None
         for p in py:
             python += [r["python"] for r in p["rows"] if (r["plugin"], r["call"]) == key]
+        for b in base:
+            for r in b["rows"]:
+                if (r["plugin"], r["call"]) == key:
+                    base_wasm.append(r["wasm"])
+                    base_fuel = r.get("fuel")
         rows.append(
             {
                 "plugin": row["plugin"],
@@ -781,6 +792,8 @@ def table(out_dir):
                 "native": best([r["rows"][i]["native"] for r in rust]),
                 "python": best(python),
                 "fuel": row["fuel"],
+                "baseline_wasm": best(base_wasm),
+                "baseline_fuel": base_fuel,
             }
         )
 
@@ -802,6 +815,20 @@ def table(out_dir):
             f"{r['plugin']:<12} {r['call']:<14} {pair(w):>16} {pair(n):>15} {pair(p):>15} "
             f"{ratio(w, n):>8} {ratio(p, w):>7} {'-' if r['fuel'] is None else r['fuel']:>7}"
         )
+    if base:
+        print(f"\nagainst the baseline ({len(base)} repetitions, each run just before this checkout's):")
+        head = f"{'plugin':<12} {'call':<14} {'baseline us':>12} {'this us':>8} {'faster':>7} {'fuel baseline -> this':>24}"
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            b, w = r["baseline_wasm"], r["wasm"]
+            if b is None:
+                continue
+            fuel = "-" if r["fuel"] is None else f"{r['baseline_fuel']} -> {r['fuel']}"
+            print(
+                f"{r['plugin']:<12} {r['call']:<14} {fmt_us(b['median_ns']):>12} {fmt_us(w['median_ns']):>8} "
+                f"{ratio(b, w):>7} {fuel:>24}"
+            )
     calls_rows = [r for r in rows if r["python"] is not None]
     under5_median = [r for r in calls_rows if r["wasm"]["median_ns"] < 5000]
     under5_p99 = [r for r in calls_rows if r["wasm"]["p99_ns"] < 5000]

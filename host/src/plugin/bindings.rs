@@ -36,7 +36,8 @@ pub(crate) use protocol::maporl::plugin::types as wit;
 use std::marker::PhantomData;
 
 use wasmtime::component::{
-    ComponentNamedList, ComponentType, Func, Instance, Lift, Lower, TypedFunc,
+    ComponentExportIndex, ComponentNamedList, ComponentType, Func, Instance, InstancePre, Lift,
+    Lower, TypedFunc,
 };
 use wasmtime::Store;
 
@@ -48,7 +49,7 @@ use crate::transcript as t;
 /// host before the canonical ABI copies the strings into the guest's memory. (An owned
 /// `wit::Transcript` cloned every text first: about 0.9 µs a call for 3 agents × 3 turns of
 /// 1,250-byte answers.) Field names and order are the WIT record's, checked when an
-/// instance is made ([`Export::find`]).
+/// instance is made ([`Export::load`]).
 #[derive(ComponentType, Lower)]
 #[component(record)]
 pub(crate) struct TaskView<'a> {
@@ -138,6 +139,29 @@ pub(crate) trait Signature {
     type Results: ComponentNamedList + Lift;
 }
 
+/// Where one export function is, found once per component: the function of the interface
+/// `world` exports named `function`.
+pub(crate) fn export_index(
+    pre: &InstancePre<Sandbox>,
+    world: World,
+    function: &str,
+) -> wasmtime::Result<ComponentExportIndex> {
+    let interface = format!(
+        "{}/{}@{}",
+        super::WIT_PACKAGE,
+        world.export_interface(),
+        super::wit_version()
+    );
+    let missing = |what: &str| wasmtime::format_err!("the component exports no {what}");
+    let component = pre.component();
+    let index = component
+        .get_export_index(None, &interface)
+        .ok_or_else(|| missing(&format!("interface `{interface}`")))?;
+    component
+        .get_export_index(Some(&index), function)
+        .ok_or_else(|| missing(&format!("function `{function}` in `{interface}`")))
+}
+
 /// One export function of an instance, its type checked against `S` when the instance was
 /// made, so that a call needs no check.
 pub(crate) struct Export<S: Signature> {
@@ -146,27 +170,13 @@ pub(crate) struct Export<S: Signature> {
 }
 
 impl<S: Signature> Export<S> {
-    /// Finds `function` in the interface `world` exports and checks its type.
-    pub(crate) fn find(
+    /// The function at `index` (see [`export_index`]) of a fresh instance, its type checked.
+    pub(crate) fn load(
         store: &mut Store<Sandbox>,
         instance: &Instance,
-        world: World,
-        function: &str,
+        index: &ComponentExportIndex,
     ) -> wasmtime::Result<Self> {
-        let interface = format!(
-            "{}/{}@{}",
-            super::WIT_PACKAGE,
-            world.export_interface(),
-            super::wit_version()
-        );
-        let missing = |what: &str| wasmtime::format_err!("the component exports no {what}");
-        let index = instance
-            .get_export_index(&mut *store, None, &interface)
-            .ok_or_else(|| missing(&format!("interface `{interface}`")))?;
-        let index = instance
-            .get_export_index(&mut *store, Some(&index), function)
-            .ok_or_else(|| missing(&format!("function `{function}` in `{interface}`")))?;
-        let typed = instance.get_typed_func::<S::Params<'static>, S::Results>(store, &index)?;
+        let typed = instance.get_typed_func::<S::Params<'static>, S::Results>(store, index)?;
         Ok(Export {
             func: *typed.func(),
             signature: PhantomData,
@@ -179,7 +189,7 @@ impl<S: Signature> Export<S> {
         store: &mut Store<Sandbox>,
         params: S::Params<'_>,
     ) -> wasmtime::Result<S::Results> {
-        // SAFETY: `find` checked the function's type against `S::Params<'static>` and
+        // SAFETY: `load` checked the function's type against `S::Params<'static>` and
         // `S::Results`; component types do not depend on lifetimes, so `S::Params<'_>`
         // has the same type.
         let typed = unsafe { TypedFunc::<S::Params<'_>, S::Results>::new_unchecked(self.func) };

@@ -4,10 +4,12 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use wasmtime::component::InstancePre;
+use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{protocol as b, wit, Export, Signature, TaskView, TranscriptView};
+use super::bindings::{
+    export_index, protocol as b, wit, Export, Signature, TaskView, TranscriptView,
+};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
@@ -37,18 +39,32 @@ pub(crate) struct Exports {
     decide: Export<Decide>,
 }
 
+/// A protocol component ready to instantiate, its exports found once.
+#[derive(Clone)]
+pub(crate) struct ExportsPre {
+    pre: InstancePre<Sandbox>,
+    bindings: b::ProtocolIndices,
+    plan_turn: ComponentExportIndex,
+    decide: ComponentExportIndex,
+}
+
 impl WorldBindings for Exports {
-    type Pre = b::ProtocolPre<Sandbox>;
+    type Pre = ExportsPre;
     const WORLD: World = World::Protocol;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
-        b::ProtocolPre::new(pre)
+        Ok(ExportsPre {
+            bindings: b::ProtocolIndices::new(&pre)?,
+            plan_turn: export_index(&pre, Self::WORLD, "plan-turn")?,
+            decide: export_index(&pre, Self::WORLD, "decide")?,
+            pre,
+        })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: b::Protocol::new(&mut *store, &instance)?,
-            plan_turn: Export::find(store, &instance, Self::WORLD, "plan-turn")?,
-            decide: Export::find(store, &instance, Self::WORLD, "decide")?,
+            bindings: pre.bindings.load(&mut *store, &instance)?,
+            plan_turn: Export::load(store, &instance, &pre.plan_turn)?,
+            decide: Export::load(store, &instance, &pre.decide)?,
         })
     }
     fn configure(

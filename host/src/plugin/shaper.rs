@@ -4,10 +4,12 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use wasmtime::component::InstancePre;
+use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{shaper as b, wit, Export, Signature, TaskView, TranscriptView};
+use super::bindings::{
+    export_index, shaper as b, wit, Export, Signature, TaskView, TranscriptView,
+};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
@@ -28,17 +30,29 @@ pub(crate) struct Exports {
     shape: Export<Shape>,
 }
 
+/// A reward-shaper component ready to instantiate, its exports found once.
+#[derive(Clone)]
+pub(crate) struct ExportsPre {
+    pre: InstancePre<Sandbox>,
+    bindings: b::RewardShaperIndices,
+    shape: ComponentExportIndex,
+}
+
 impl WorldBindings for Exports {
-    type Pre = b::RewardShaperPre<Sandbox>;
+    type Pre = ExportsPre;
     const WORLD: World = World::RewardShaper;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
-        b::RewardShaperPre::new(pre)
+        Ok(ExportsPre {
+            bindings: b::RewardShaperIndices::new(&pre)?,
+            shape: export_index(&pre, Self::WORLD, "shape")?,
+            pre,
+        })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: b::RewardShaper::new(&mut *store, &instance)?,
-            shape: Export::find(store, &instance, Self::WORLD, "shape")?,
+            bindings: pre.bindings.load(&mut *store, &instance)?,
+            shape: Export::load(store, &instance, &pre.shape)?,
         })
     }
     fn configure(

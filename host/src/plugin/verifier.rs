@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use wasmtime::component::InstancePre;
+use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{verifier as b, wit, Export, Signature, TaskView};
+use super::bindings::{export_index, verifier as b, wit, Export, Signature, TaskView};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
@@ -35,18 +35,32 @@ pub(crate) struct Exports {
     score: Export<Score>,
 }
 
+/// A verifier component ready to instantiate, its exports found once.
+#[derive(Clone)]
+pub(crate) struct ExportsPre {
+    pre: InstancePre<Sandbox>,
+    bindings: b::VerifierIndices,
+    extract: ComponentExportIndex,
+    score: ComponentExportIndex,
+}
+
 impl WorldBindings for Exports {
-    type Pre = b::VerifierPre<Sandbox>;
+    type Pre = ExportsPre;
     const WORLD: World = World::Verifier;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
-        b::VerifierPre::new(pre)
+        Ok(ExportsPre {
+            bindings: b::VerifierIndices::new(&pre)?,
+            extract: export_index(&pre, Self::WORLD, "extract")?,
+            score: export_index(&pre, Self::WORLD, "score")?,
+            pre,
+        })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
-        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: b::Verifier::new(&mut *store, &instance)?,
-            extract: Export::find(store, &instance, Self::WORLD, "extract")?,
-            score: Export::find(store, &instance, Self::WORLD, "score")?,
+            bindings: pre.bindings.load(&mut *store, &instance)?,
+            extract: Export::load(store, &instance, &pre.extract)?,
+            score: Export::load(store, &instance, &pre.score)?,
         })
     }
     fn configure(
