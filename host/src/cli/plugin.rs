@@ -360,4 +360,24 @@ mod tests {
             "the SDK's manifest must stand alone"
         );
     }
+
+    #[test]
+    fn every_source_file_of_the_sdk_is_vendored() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&src)
+            .unwrap()
+            .map(|e| format!("src/{}", e.unwrap().file_name().to_string_lossy()))
+            .collect();
+        on_disk.sort();
+        let mut vendored: Vec<String> = sdk_files()
+            .into_iter()
+            .map(|(f, _)| f.to_string())
+            .filter(|f| f.starts_with("src/"))
+            .collect();
+        vendored.sort();
+        assert_eq!(
+            vendored, on_disk,
+            "sdk_files() must list every file of plugins/sdk/src"
+        );
+    }
 }
