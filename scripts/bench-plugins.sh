@@ -41,11 +41,7 @@ if [ -n "${BASELINE:-}" ]; then
         # Its build script builds its plugins (into its plugins/target) before the bench.
         exe="$(cd "$BASE_DIR/src" && CARGO_TARGET_DIR="$BASE_DIR/target" cargo bench -q -p maporl \
             --bench plugins --features test-hooks --no-run --message-format=json \
-            | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "plugins" and m.get("executable"):
-        print(m["executable"])')"
+            | python3 "$ROOT/scripts/cargo_executable.py" plugins bench)"
         [ -x "$exe" ] || { echo "no bench executable built for $REV" >&2; exit 1; }
         cp "$exe" "$BASE_DIR/bench.tmp" && mv "$BASE_DIR/bench.tmp" "$BASE_DIR/bench"
     fi

@@ -41,11 +41,7 @@ fi
 # 3. The candle bench binary (release).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 BIN="$(cd "$ROOT" && cargo bench -p maporl --bench model --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import sys, json
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "model" and m.get("executable"):
-        print(m["executable"])')"
+    | python3 "$ROOT/scripts/cargo_executable.py" model bench)"
 [ -x "$BIN" ] || { echo "could not build the candle bench binary" >&2; exit 1; }
 cp "$BIN" "$OUT/candle-bench" && BIN="$OUT/candle-bench"  # immune to rebuilds during the run
 

@@ -25,12 +25,7 @@ cuda_stubs "$target"
 cargo build --release -p maporl --features cuda --bin maporl --test device --bench device \
     --message-format=json-render-diagnostics > "$target/gpu-bundle-build.json"
 executable() { # the executable of the target named $1 of kind $2
-    python3 -c 'import json, sys
-for line in open(sys.argv[3]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] \
-            and sys.argv[2] in m["target"]["kind"] and m.get("executable"):
-        print(m["executable"])' "$1" "$2" "$target/gpu-bundle-build.json" | tail -1
+    python3 scripts/cargo_executable.py "$1" "$2" < "$target/gpu-bundle-build.json"
 }
 
 stage=$target/gpu-bundle

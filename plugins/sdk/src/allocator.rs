@@ -294,13 +294,8 @@ mod tests {
     fn live_blocks_keep_their_bytes_and_never_overlap() {
         let a = SizeClasses::new(System);
         let mut live: Vec<(*mut u8, Layout, u8)> = Vec::new();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::testing::Xorshift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next_u64();
         let check = |p: *mut u8, l: Layout, tag: u8| unsafe {
             assert_eq!(p as usize % l.align(), 0);
             assert!(

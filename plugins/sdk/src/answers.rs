@@ -243,13 +243,8 @@ mod tests {
             "Answer: ",
             "\\boxed{7}",
         ];
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::testing::Xorshift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next_u64();
         let mut with_box = 0;
         for _ in 0..20_000 {
             let len = next() % 12;

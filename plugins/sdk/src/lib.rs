@@ -377,6 +377,30 @@ macro_rules! export_reward_shaper {
 pub mod testing {
     use super::{Task, Transcript, Utterance};
 
+    /// A xorshift64 stream for randomised tests, the same from the same seed everywhere.
+    pub struct Xorshift(u64);
+
+    impl Xorshift {
+        /// A stream from `seed`, which must not be 0 (the stream would stay 0).
+        pub fn new(seed: u64) -> Self {
+            assert_ne!(seed, 0, "a xorshift seed must not be 0");
+            Xorshift(seed)
+        }
+
+        /// The next 64 bits.
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        /// A number in `0..n` (close to uniform for `n` far below 2^64).
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+    }
+
     /// A task with the given kind, question and reference and no extra fields.
     pub fn task(kind: &str, question: &str, reference: &str) -> Task {
         Task {

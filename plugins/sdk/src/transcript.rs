@@ -172,13 +172,8 @@ mod tests {
     /// these at once): the same verdict and the same first error as the set.
     #[test]
     fn the_sorted_check_finds_the_first_problem_as_the_set_did() {
-        let mut seed = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n) as u32
-        };
+        let mut rng = crate::testing::Xorshift::new(0x853c_49e6_748f_ea9b);
+        let mut next = move |n: u64| rng.below(n) as u32;
         let mut failing = 0;
         for _ in 0..5_000 {
             let agents = next(4);

@@ -83,13 +83,8 @@ mod tests {
     fn the_sorted_vote_is_the_maps() {
         const ANSWERS: [Option<&str>; 6] =
             [None, Some("1"), Some("10"), Some("9"), Some("é"), Some("")];
-        let mut seed = 0xda94_2042_e4dd_58b5u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n) as usize
-        };
+        let mut rng = crate::testing::Xorshift::new(0xda94_2042_e4dd_58b5);
+        let mut next = move |n: u64| rng.below(n) as usize;
         for _ in 0..5_000 {
             let votes: Vec<_> = (0..next(9)).map(|_| ANSWERS[next(6)]).collect();
             assert_eq!(v(&votes), majority_with_a_map(&votes), "{votes:?}");
