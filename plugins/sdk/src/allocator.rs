@@ -96,20 +96,21 @@ impl<A: GlobalAlloc> SizeClasses<A> {
         if size > CARVED_MAX {
             return self.backing_alloc(Layout::from_size_align_unchecked(size, MIN_BLOCK));
         }
-        let state = &mut *self.state.get();
-        if (state.end as usize) - (state.next as usize) < size {
+        let (next, end) = {
+            let state = &*self.state.get();
+            (state.next, state.end)
+        };
+        let block = if (end as usize) - (next as usize) >= size {
+            next
+        } else {
             let chunk = self.backing_alloc(Layout::from_size_align_unchecked(CHUNK, MIN_BLOCK));
             if chunk.is_null() {
                 return chunk;
             }
-            // The state again: `backing_alloc` may have changed the free lists.
-            let state = &mut *self.state.get();
-            state.next = chunk;
-            state.end = chunk.add(CHUNK);
-        }
-        let state = &mut *self.state.get();
-        let block = state.next;
-        state.next = block.add(size);
+            (*self.state.get()).end = chunk.add(CHUNK);
+            chunk
+        };
+        (*self.state.get()).next = block.add(size);
         block
     }
 
