@@ -1,6 +1,11 @@
 //! Prompts: the turn-1 prompt per task kind and the debate's follow-up messages.
 //!
 //! Agents are numbered from 1 in prompt text ("Agent 2" is agent index 1).
+//!
+//! The builders write each message into one buffer sized up front, and [`agent_label`],
+//! [`push_number`] and [`concat`] do the same for a protocol's own text: in a component,
+//! `format!`'s machinery and every extra allocation are guest code, a large share of a
+//! plugin call.
 
 use crate::transcript::find;
 use crate::{ChatMessage, Role, Task, Transcript};
@@ -43,16 +48,18 @@ pub fn field<'a>(task: &'a Task, name: &str) -> Option<&'a str> {
 /// Hypothesis: ..." from the `premise` and `hypothesis` fields (the question as given when
 /// either is missing).
 pub fn question_block(task: &Task) -> String {
-    let mut out = String::with_capacity(first_turn_prompt_len(task));
-    push_question_block(&mut out, task);
+    let kind = task_kind(task);
+    let mut out = String::with_capacity(first_turn_prompt_len(task, kind));
+    push_question_block(&mut out, task, kind);
     out
 }
 
 /// Appends [`question_block`] to `out`. The builders below write each message into one
 /// buffer sized up front: in a component, every allocation and every `format!` is guest
-/// code, and they were most of a plugin call's time.
-fn push_question_block(out: &mut String, task: &Task) {
-    match task_kind(task) {
+/// code, and they were most of a plugin call's time. They take the task's kind, found once
+/// per prompt: a debate's prompts asked for it dozens of times a call.
+fn push_question_block(out: &mut String, task: &Task, kind: TaskKind) {
+    match kind {
         TaskKind::Nli => match (field(task, "premise"), field(task, "hypothesis")) {
             (Some(p), Some(h)) => {
                 out.push_str("Premise: ");
@@ -71,7 +78,11 @@ fn push_question_block(out: &mut String, task: &Task) {
 
 /// What the agent is asked to do with the question at turn 1.
 pub fn task_instruction(task: &Task) -> &'static str {
-    match task_kind(task) {
+    instruction_for(task_kind(task))
+}
+
+fn instruction_for(kind: TaskKind) -> &'static str {
+    match kind {
         TaskKind::Numeric => {
             "Provide a reasoning for your solution. At the end, write the answer as \
              `Answer: \\boxed{N}` where N is an integer."
@@ -101,22 +112,63 @@ pub fn answer_format(task: &Task) -> &'static str {
 
 /// The turn-1 user message: the question block, then the task instruction.
 pub fn first_turn_prompt(task: &Task) -> String {
-    let mut out = String::with_capacity(first_turn_prompt_len(task));
-    push_first_turn_prompt(&mut out, task);
+    first_turn_prompt_for(task, task_kind(task))
+}
+
+fn first_turn_prompt_for(task: &Task, kind: TaskKind) -> String {
+    let mut out = String::with_capacity(first_turn_prompt_len(task, kind));
+    push_first_turn_prompt(&mut out, task, kind);
     out
 }
 
 /// An upper bound on [`first_turn_prompt`]'s (and so [`question_block`]'s) length, for
 /// sizing buffers.
-fn first_turn_prompt_len(task: &Task) -> usize {
+fn first_turn_prompt_len(task: &Task, kind: TaskKind) -> usize {
     let fields: usize = task.fields.iter().map(|(_, v)| v.len()).sum();
-    task.question.len() + fields + task_instruction(task).len() + 32
+    task.question.len() + fields + instruction_for(kind).len() + 32
 }
 
-fn push_first_turn_prompt(out: &mut String, task: &Task) {
-    push_question_block(out, task);
+fn push_first_turn_prompt(out: &mut String, task: &Task, kind: TaskKind) {
+    push_question_block(out, task, kind);
     out.push('\n');
-    out.push_str(task_instruction(task));
+    out.push_str(instruction_for(kind));
+}
+
+/// `n` in decimal, appended without `format!` (whose machinery is most of the cost of a
+/// short label in a component).
+pub fn push_number(out: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    let mut rest = n;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &d in &digits[start..] {
+        out.push(char::from(d));
+    }
+}
+
+/// "Agent N" for the 0-based `agent`: agents are numbered from 1 in prompts.
+pub fn agent_label(agent: u32) -> String {
+    let mut out = String::with_capacity(16);
+    out.push_str("Agent ");
+    push_number(&mut out, agent.saturating_add(1));
+    out
+}
+
+/// The pieces written one after another into one buffer sized up front: `format!` for
+/// plain text, without its machinery.
+pub fn concat(pieces: &[&str]) -> String {
+    let mut out = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for piece in pieces {
+        out.push_str(piece);
+    }
+    out
 }
 
 /// The revise instruction at turns >= 2 when other agents' answers are shown.
@@ -194,13 +246,17 @@ fn push_shown(out: &mut String, shown: &[Shown<'_>]) {
 /// The follow-up user message of a debate turn >= 2: the other agents' previous answers (if
 /// any), the revise instruction, then the question again with its instruction.
 pub fn followup_message(task: &Task, peers: &[Shown<'_>]) -> String {
+    followup_message_for(task, task_kind(task), peers)
+}
+
+fn followup_message_for(task: &Task, kind: TaskKind, peers: &[Shown<'_>]) -> String {
     const SHOWN: &str = "These are the other agents' answers from the previous turn:\n\n";
-    let question = first_turn_prompt_len(task);
+    let question = first_turn_prompt_len(task, kind);
     if peers.is_empty() {
         let mut out = String::with_capacity(REVISE_ALONE.len() + 2 + question);
         out.push_str(REVISE_ALONE);
         out.push_str("\n\n");
-        push_first_turn_prompt(&mut out, task);
+        push_first_turn_prompt(&mut out, task, kind);
         return out;
     }
     let mut out = String::with_capacity(
@@ -211,7 +267,7 @@ pub fn followup_message(task: &Task, peers: &[Shown<'_>]) -> String {
     out.push_str("\n\n");
     out.push_str(REVISE_WITH_PEERS);
     out.push_str("\n\n");
-    push_first_turn_prompt(&mut out, task);
+    push_first_turn_prompt(&mut out, task, kind);
     out
 }
 
@@ -267,9 +323,10 @@ pub fn debate_messages(
     turn: u32,
     view: DebateView<'_>,
 ) -> Result<Vec<ChatMessage>, String> {
+    let kind = task_kind(task);
     let peers = peers_of(view.participants, agent, view.peers);
     let mut messages: Vec<ChatMessage> = system_message(view.system).into_iter().collect();
-    messages.push(message(Role::User, first_turn_prompt(task)));
+    messages.push(message(Role::User, first_turn_prompt_for(task, kind)));
     for k in 1..turn {
         let own = find(transcript, k, agent).ok_or_else(|| {
             format!(
@@ -284,12 +341,15 @@ pub fn debate_messages(
             .iter()
             .filter_map(|p| find(transcript, k, *p))
             .map(|u| Shown {
-                label: format!("Agent {}", u.agent + 1),
+                label: agent_label(u.agent),
                 text: &u.text,
                 score: view.show_scores.then_some(u.score),
             })
             .collect();
-        messages.push(message(Role::User, followup_message(task, &shown)));
+        messages.push(message(
+            Role::User,
+            followup_message_for(task, kind, &shown),
+        ));
     }
     Ok(messages)
 }
@@ -414,6 +474,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn numbers_and_labels_say_what_format_says() {
+        let mut rng = crate::testing::Xorshift::new(7);
+        let mut samples = vec![0, 1, 9, 10, 99, 100, 4_294_967_294, u32::MAX];
+        // Every digit count, from one to ten.
+        samples.extend((0..2_000).map(|_| (rng.next_u64() >> (32 + rng.below(32))) as u32));
+        for n in samples {
+            let mut out = String::from("x");
+            push_number(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+            if n < u32::MAX {
+                assert_eq!(agent_label(n), format!("Agent {}", n + 1));
+            }
+        }
+        assert_eq!(agent_label(0), "Agent 1");
+        // The last agent number a u32 holds, not a wrap to "Agent 0".
+        assert_eq!(agent_label(u32::MAX), "Agent 4294967295");
+        assert_eq!(concat(&[]), "");
+        assert_eq!(concat(&["a", "", "bc", "é"]), "abcé");
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! - `system` (string, none): a system prompt for every agent.
 
 use maporl_plugin::prompts::{
-    answer_format, debate_messages, message, question_block, render_shown, system_message,
-    DebateView, Shown,
+    agent_label, answer_format, concat, debate_messages, message, question_block, render_shown,
+    system_message, DebateView, Shown,
 };
 use maporl_plugin::settings::parse_settings;
 use maporl_plugin::transcript::{at_turn, check, check_turn, find, latest};
@@ -127,7 +127,7 @@ pub fn plan(
         .iter()
         .filter_map(|&a| latest(transcript, a, turn - 1))
         .map(|u| Shown {
-            label: format!("Agent {}", u.agent + 1),
+            label: agent_label(u.agent),
             text: &u.text,
             score: settings.show_scores.then_some(u.score),
         })
@@ -138,13 +138,15 @@ pub fn plan(
             task.id
         ));
     }
-    let content = format!(
-        "{}\n\nThe other agents debated this question. Their latest answers:\n\n{}\n\n\
-         {JUDGE_INSTRUCTION}\n{}",
-        question_block(task),
-        render_shown(&shown),
-        answer_format(task)
-    );
+    let content = concat(&[
+        &question_block(task),
+        "\n\nThe other agents debated this question. Their latest answers:\n\n",
+        &render_shown(&shown),
+        "\n\n",
+        JUDGE_INSTRUCTION,
+        "\n",
+        answer_format(task),
+    ]);
     let mut messages: Vec<_> = system_message(settings.system.as_deref())
         .into_iter()
         .collect();
@@ -263,6 +265,16 @@ mod tests {
         assert!(!text.contains("a1") && !text.contains("Reward:"));
         assert!(text.contains(JUDGE_INSTRUCTION));
         assert!(text.ends_with("where N is an integer."));
+        // The whole message, as the `format!` it was built with before read it.
+        assert_eq!(
+            *text,
+            format!(
+                "Question: 2+2?\n\nThe other agents debated this question. Their latest \
+                 answers:\n\nAgent 1: a2 \\boxed{{4}}\n\nAgent 2: b2 \\boxed{{4}}\n\n\
+                 {JUDGE_INSTRUCTION}\n{}",
+                answer_format(&q())
+            )
+        );
         assert!(plan(&s, &q(), 4, &debate()).unwrap().is_empty());
     }
 

@@ -8,7 +8,8 @@
 //! - `system` (string, none): a system prompt.
 
 use maporl_plugin::prompts::{
-    answer_format, first_turn_prompt, message, render_shown, system_message, Shown,
+    agent_label, answer_format, concat, first_turn_prompt, message, push_number, render_shown,
+    system_message, Shown,
 };
 use maporl_plugin::settings::parse_settings;
 use maporl_plugin::transcript::{check, check_turn, latest};
@@ -69,20 +70,30 @@ pub fn plan(
         let shown: Vec<Shown<'_>> = earlier
             .iter()
             .map(|u| Shown {
-                label: if u.agent == agent {
-                    format!("Agent {} (you, turn {})", u.agent + 1, u.turn)
-                } else {
-                    format!("Agent {} (turn {})", u.agent + 1, u.turn)
+                label: {
+                    let mut label = agent_label(u.agent);
+                    label.push_str(if u.agent == agent {
+                        " (you, turn "
+                    } else {
+                        " (turn "
+                    });
+                    push_number(&mut label, u.turn);
+                    label.push(')');
+                    label
                 },
                 text: &u.text,
                 score: settings.show_scores.then_some(u.score),
             })
             .collect();
-        format!(
-            "{question}\n\nThe discussion so far:\n\n{}\n\n{REVISE}\n{}",
-            render_shown(&shown),
-            answer_format(task)
-        )
+        concat(&[
+            &question,
+            "\n\nThe discussion so far:\n\n",
+            &render_shown(&shown),
+            "\n\n",
+            REVISE,
+            "\n",
+            answer_format(task),
+        ])
     };
     let mut messages: Vec<_> = system_message(settings.system.as_deref())
         .into_iter()
@@ -194,6 +205,24 @@ mod tests {
         assert!(text.find("Agent 1 (you").unwrap() < text.find("Agent 2 (turn 2)").unwrap());
         assert!(text.contains(REVISE));
         assert!(text.ends_with("where N is an integer."));
+        // The whole message, as the `format!` it was built with before read it.
+        let note = |score: &str, verdict: &str| {
+            format!(
+                "Reward: {score} out of 1.0, which means the verifier thinks this answer is \
+                 likely {verdict}."
+            )
+        };
+        assert_eq!(
+            *text,
+            format!(
+                "{}\n\nThe discussion so far:\n\nAgent 1 (you, turn 1): first \\boxed{{12}}\n{}\
+                 \n\nAgent 2 (turn 2): second \\boxed{{13}}\n{}\n\n{REVISE}\n{}",
+                first_turn_prompt(&q()),
+                note("0.900", "correct"),
+                note("0.100", "incorrect"),
+                answer_format(&q())
+            )
+        );
 
         let planned = plan(&Settings::default(), &q(), 2, &tr).unwrap();
         let text = &planned[0].messages[0].content;
