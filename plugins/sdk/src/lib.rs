@@ -222,8 +222,13 @@ pub trait RewardShaper: Sized + 'static {
 
 /// A reward for the utterance of `agent` at `turn` from its named parts (computed in
 /// `f64`): each part is rounded to `f32` and `total` is the `f32` sum of the rounded parts,
-/// so `total` always equals the sum of the logged parts.
-pub fn reward(turn: u32, agent: u32, parts: Vec<(&str, f64)>) -> Reward {
+/// so `total` always equals the sum of the logged parts. The parts may come from any
+/// iterator (an array, a `Vec`, a chain): the reward's list is the only one allocated.
+pub fn reward<'a>(
+    turn: u32,
+    agent: u32,
+    parts: impl IntoIterator<Item = (&'a str, f64)>,
+) -> Reward {
     let parts: Vec<(String, f32)> = parts
         .into_iter()
         .map(|(name, value)| (name.to_string(), value as f32))
@@ -467,7 +472,7 @@ mod tests {
             Ok(transcript
                 .utterances
                 .iter()
-                .map(|u| reward(u.turn, u.agent, vec![("bonus", self.bonus)]))
+                .map(|u| reward(u.turn, u.agent, [("bonus", self.bonus)]))
                 .collect())
         }
     }

@@ -72,9 +72,18 @@ pub fn check(plugin: &str, transcript: &Transcript) -> Result<(), String> {
     Ok(())
 }
 
-/// The index of the first utterance whose (turn, agent) an earlier one has: sorted keys
-/// instead of a set (one allocation, which matters in wasm, where every call checks).
+/// The index of the first utterance whose (turn, agent) an earlier one has. Every call
+/// checks, and in wasm an allocation costs more than comparing a few dozen pairs: short
+/// transcripts (every debate so far) are compared pair by pair in place, longer ones by
+/// sorted keys (one allocation, no set).
 fn first_repeat(utterances: &[Utterance]) -> Option<usize> {
+    const COMPARED_IN_PLACE: usize = 24;
+    if utterances.len() <= COMPARED_IN_PLACE {
+        return (1..utterances.len()).find(|&i| {
+            let key = (utterances[i].turn, utterances[i].agent);
+            utterances[..i].iter().any(|e| (e.turn, e.agent) == key)
+        });
+    }
     let mut keys: Vec<(u32, u32, usize)> = utterances
         .iter()
         .enumerate()
@@ -171,7 +180,7 @@ mod tests {
     /// Random transcripts, many with repeats, turn 0 or agents out of range (and several of
     /// these at once): the same verdict and the same first error as the set.
     #[test]
-    fn the_sorted_check_finds_the_first_problem_as_the_set_did() {
+    fn the_check_finds_the_first_problem_as_the_set_did() {
         let mut rng = crate::testing::Xorshift::new(0x853c_49e6_748f_ea9b);
         let mut next = move |n: u64| rng.below(n) as u32;
         let mut failing = 0;
@@ -189,5 +198,17 @@ mod tests {
             (1_000..4_900).contains(&failing),
             "{failing} of 5,000 failed"
         );
+        // Longer transcripts, past the pairwise comparison: the sorted keys, the same answers.
+        let mut failing = 0;
+        for _ in 0..2_000 {
+            let utterances = (0..20 + next(40))
+                .map(|_| utt(1 + next(40), next(8), "", None, 0.0))
+                .collect();
+            let t = transcript(8, 40, utterances);
+            let expected = check_with_a_set("x", &t);
+            failing += usize::from(expected.is_err());
+            assert_eq!(check("x", &t), expected, "{t:?}");
+        }
+        assert!((200..1_900).contains(&failing), "{failing} of 2,000 failed");
     }
 }

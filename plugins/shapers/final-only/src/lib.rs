@@ -60,7 +60,7 @@ pub fn shape(settings: &Settings, transcript: &Transcript) -> Result<Vec<Reward>
                 Share::Individual => latest(transcript, u.agent, last)
                     .map_or(f64::from(u.score), |l| f64::from(l.score)),
             };
-            reward(u.turn, u.agent, vec![("final", value)])
+            reward(u.turn, u.agent, [("final", value)])
         })
         .collect())
 }

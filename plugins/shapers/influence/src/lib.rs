@@ -182,12 +182,13 @@ pub fn incentives(
     let (mut a0, mut a1, mut b0, mut b1) = (0.0, 0.0, 0.0, 0.0);
     if u.turn >= 2 {
         let prev = find(transcript, u.turn - 1, u.agent);
-        let others: Vec<bool> = at_turn(transcript, u.turn - 1)
-            .filter(|o| o.agent != u.agent)
-            .map(|o| o.correct)
-            .collect();
-        if let (Some(prev), false) = (prev, others.is_empty()) {
-            let mean = others.iter().filter(|c| **c).count() as f64 / others.len() as f64;
+        let (right, others) = right_of_n(
+            at_turn(transcript, u.turn - 1)
+                .filter(|o| o.agent != u.agent)
+                .map(|o| o.correct),
+        );
+        if let (Some(prev), false) = (prev, others == 0) {
+            let mean = right as f64 / others as f64;
             let others_right = mean >= 0.5;
             let wrong_to_right = !prev.correct && u.correct;
             let right_to_wrong = prev.correct && !u.correct;
@@ -208,12 +209,12 @@ pub fn incentives(
     }
     if u.turn < last && settings.beta_sign == BetaSign::Code {
         let others_mean = |turn: u32| {
-            let others: Vec<bool> = at_turn(transcript, turn)
-                .filter(|o| o.agent != u.agent)
-                .map(|o| o.correct)
-                .collect();
-            (!others.is_empty())
-                .then(|| others.iter().filter(|c| **c).count() as f64 / others.len() as f64)
+            let (right, others) = right_of_n(
+                at_turn(transcript, turn)
+                    .filter(|o| o.agent != u.agent)
+                    .map(|o| o.correct),
+            );
+            (others > 0).then(|| right as f64 / others as f64)
         };
         if let (Some(now), Some(next)) = (others_mean(u.turn), others_mean(u.turn + 1)) {
             if now < 0.5 && next > 0.5 {
@@ -231,14 +232,15 @@ pub fn incentives(
             }
         }
     } else if u.turn < last {
-        let moves: Vec<bool> = at_turn(transcript, u.turn)
-            .filter(|o| o.agent != u.agent)
-            .filter_map(|o| {
-                find(transcript, u.turn + 1, o.agent).map(|next| !o.correct && next.correct)
-            })
-            .collect();
-        if !moves.is_empty() {
-            let f = moves.iter().filter(|m| **m).count() as f64 / moves.len() as f64;
+        let (moved, peers) = right_of_n(
+            at_turn(transcript, u.turn)
+                .filter(|o| o.agent != u.agent)
+                .filter_map(|o| {
+                    find(transcript, u.turn + 1, o.agent).map(|next| !o.correct && next.correct)
+                }),
+        );
+        if peers > 0 {
+            let f = moved as f64 / peers as f64;
             if u.correct {
                 b1 = settings.beta_1 * f;
             } else {
@@ -261,20 +263,33 @@ pub fn shape(settings: &Settings, transcript: &Transcript) -> Result<Vec<Reward>
         ("beta-0", settings.beta_0),
         ("beta-1", settings.beta_1),
     ];
+    // With every coefficient 0 (the default) the incentive terms are not logged: skip them.
+    let incentives_on = coefficients.iter().any(|(_, c)| *c != 0.0);
     Ok(transcript
         .utterances
         .iter()
         .map(|u| {
-            let mut parts = vec![("influence", influence(settings, transcript, u, last))];
-            let terms = incentives(settings, transcript, u, last);
-            for ((name, coefficient), value) in coefficients.iter().zip(terms) {
-                if *coefficient != 0.0 {
-                    parts.push((name, value));
-                }
-            }
-            reward(u.turn, u.agent, parts)
+            let terms = if incentives_on {
+                incentives(settings, transcript, u, last)
+            } else {
+                [0.0; 4]
+            };
+            let logged = coefficients
+                .iter()
+                .zip(terms)
+                .filter(|((_, coefficient), _)| *coefficient != 0.0)
+                .map(|((name, _), value)| (*name, value));
+            let own = ("influence", influence(settings, transcript, u, last));
+            reward(u.turn, u.agent, std::iter::once(own).chain(logged))
         })
         .collect())
+}
+
+/// How many of `flags` are true, and how many there are.
+fn right_of_n(flags: impl Iterator<Item = bool>) -> (usize, usize) {
+    flags.fold((0, 0), |(right, n), flag| {
+        (right + usize::from(flag), n + 1)
+    })
 }
 
 /// The influence reward shaper.
