@@ -239,8 +239,8 @@ def field(task, name):
     return None
 
 
-def question_block(task):
-    if task_kind(task) == "nli":
+def question_block(task, kind=None):
+    if (kind or task_kind(task)) == "nli":
         p, h = field(task, "premise"), field(task, "hypothesis")
         if p is not None and h is not None:
             return f"Premise: {p}\nHypothesis: {h}"
@@ -264,8 +264,10 @@ FORMAT = {
 }
 
 
-def first_turn_prompt(task):
-    return f"{question_block(task)}\n{INSTRUCTION[task_kind(task)]}"
+def first_turn_prompt(task, kind=None):
+    # The kind is found once per prompt by the builders that make several (as in the SDK).
+    kind = kind or task_kind(task)
+    return f"{question_block(task, kind)}\n{INSTRUCTION[kind]}"
 
 
 REVISE_WITH_PEERS = (
@@ -291,8 +293,8 @@ def render_shown(shown):
     )
 
 
-def followup_message(task, peers):
-    question = first_turn_prompt(task)
+def followup_message(task, peers, kind=None):
+    question = first_turn_prompt(task, kind)
     if not peers:
         return f"{REVISE_ALONE}\n\n{question}"
     return (
@@ -317,9 +319,10 @@ def peers_of(participants, agent, limit):
 
 
 def debate_messages(plugin, task, transcript, agent, turn, participants, peers=None, show_scores=False, system=None):
+    kind = task_kind(task)
     shown_peers = peers_of(participants, agent, peers)
     messages = system_message(system)
-    messages.append({"role": "user", "content": first_turn_prompt(task)})
+    messages.append({"role": "user", "content": first_turn_prompt(task, kind)})
     for k in range(1, turn):
         own = find(transcript, k, agent)
         if own is None:
@@ -330,7 +333,7 @@ def debate_messages(plugin, task, transcript, agent, turn, participants, peers=N
             u = find(transcript, k, p)
             if u is not None:
                 shown.append((f"Agent {u['agent'] + 1}", u["text"], u["score"] if show_scores else None))
-        messages.append({"role": "user", "content": followup_message(task, shown)})
+        messages.append({"role": "user", "content": followup_message(task, shown, kind)})
     return messages
 
 
@@ -584,8 +587,8 @@ def influence_value(transcript, u, last, gamma):
 
 
 def influence_incentives(transcript, u, last, alpha_0, alpha_1, beta_0, beta_1):
-    """The paper's incentives (beta_sign "paper"); computed even when every coefficient is 0,
-    as the plugin does."""
+    """The paper's incentives (beta_sign "paper"); not computed when every coefficient is 0,
+    as in the plugin."""
     a0 = a1 = b0 = b1 = 0.0
     if u["turn"] >= 2:
         prev = find(transcript, u["turn"] - 1, u["agent"])
@@ -624,10 +627,15 @@ def influence_shape(task, transcript, gamma=0.3, alpha_0=0.0, alpha_1=0.0, beta_
     if last is None:
         return []
     coefficients = (("alpha-0", alpha_0), ("alpha-1", alpha_1), ("beta-0", beta_0), ("beta-1", beta_1))
+    incentives_on = any(c != 0.0 for _, c in coefficients)
     out = []
     for u in transcript["utterances"]:
         parts = [("influence", influence_value(transcript, u, last, gamma))]
-        terms = influence_incentives(transcript, u, last, alpha_0, alpha_1, beta_0, beta_1)
+        terms = (
+            influence_incentives(transcript, u, last, alpha_0, alpha_1, beta_0, beta_1)
+            if incentives_on
+            else [0.0] * 4
+        )
         for (name, c), value in zip(coefficients, terms):
             if c != 0.0:
                 parts.append((name, value))
