@@ -186,10 +186,12 @@ impl<B: WorldBindings> Handle<B> {
         }
         let (mut store, bindings) = self.live.take().expect("started above");
         self.arm(&mut store, task);
-        let started = std::time::Instant::now();
+        // The clock is read only for the debug log: a call of a few microseconds notices.
+        let traced = tracing::enabled!(tracing::Level::DEBUG);
+        let started = traced.then(std::time::Instant::now);
         let outcome = f(&bindings, &mut store);
         self.fuel_used = self.limits.fuel - store.get_fuel().unwrap_or(0);
-        if tracing::enabled!(tracing::Level::DEBUG) {
+        if let Some(started) = started {
             let task = task.map(super::printable);
             tracing::debug!(
                 plugin = %super::printable(&self.identity.name),
@@ -205,11 +207,11 @@ impl<B: WorldBindings> Handle<B> {
         if let Some(task) = task.filter(|_| store.data().judged() > 0) {
             *self.judged_by_task.entry(task.to_string()).or_default() += store.data().judged();
         }
-        self.forward_stderr(&store);
+        let stderr_len = self.forward_stderr(&store);
         match outcome {
             Ok(result) => {
                 // Keep the captured stderr from ever filling up: recycle the instance.
-                if store.data().stderr.contents().len() < STDERR_CAPACITY / 2 {
+                if stderr_len < STDERR_CAPACITY / 2 {
                     self.live = Some((store, bindings));
                 }
                 result.map_err(|msg| self.error(function, task, Failure::Returned(msg)))
@@ -266,8 +268,9 @@ impl<B: WorldBindings> Handle<B> {
         }
     }
 
-    /// Passes what the plugin wrote to stderr since the last call on to the log.
-    fn forward_stderr(&mut self, store: &Store<Sandbox>) {
+    /// Passes what the plugin wrote to stderr since the last call on to the log; returns how
+    /// much the instance has written in all.
+    fn forward_stderr(&mut self, store: &Store<Sandbox>) -> usize {
         let contents = store.data().stderr.contents();
         if contents.len() > self.stderr_seen {
             let new = String::from_utf8_lossy(&contents[self.stderr_seen..]).to_string();
@@ -277,6 +280,7 @@ impl<B: WorldBindings> Handle<B> {
             }
             self.stderr_seen = contents.len();
         }
+        contents.len()
     }
 }
 

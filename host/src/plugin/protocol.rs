@@ -175,12 +175,6 @@ impl Protocol {
 /// credited with an answer nobody said; a protocol may weigh earlier turns' answers, as
 /// round-robin does), each at most once, no more of them than agents.
 fn validate_decision(answers: &[String], turn: u32, transcript: &Transcript) -> Result<(), String> {
-    let given: HashSet<&str> = transcript
-        .utterances
-        .iter()
-        .filter(|u| u.turn <= turn)
-        .filter_map(|u| u.answer.as_deref())
-        .collect();
     if answers.len() > transcript.agents as usize {
         return Err(format!(
             "decided {} answers at turn {turn}, more than the team's {} agents",
@@ -188,16 +182,40 @@ fn validate_decision(answers: &[String], turn: u32, transcript: &Transcript) -> 
             transcript.agents
         ));
     }
+    let given = || {
+        transcript
+            .utterances
+            .iter()
+            .filter(move |u| u.turn <= turn)
+            .filter_map(|u| u.answer.as_deref())
+    };
+    // A decision is a few answers over a few dozen utterances, checked after every turn of
+    // every debate: scans, no hashing (the sets were a tenth of a short call). Past that
+    // (a huge team, or a plugin deciding many answers), sets.
+    let scan = answers.len().saturating_mul(transcript.utterances.len()) <= 4_096;
+    let given_set: Option<HashSet<&str>> = (!scan).then(|| given().collect());
     let mut seen = HashSet::new();
     for (i, a) in answers.iter().enumerate() {
-        if !given.contains(a.as_str()) {
+        let was_given = match &given_set {
+            Some(set) => set.contains(a.as_str()),
+            None => given().any(|g| g == a),
+        };
+        if !was_given {
+            let mut theirs: Vec<&str> = given().collect();
+            theirs.sort_unstable();
+            theirs.dedup();
             return Err(format!(
                 "answer {i} ({:?}) was given by no agent up to turn {turn} (their answers: {:?})",
                 shorten(a),
-                given.iter().map(|g| shorten(g)).collect::<Vec<_>>()
+                theirs.iter().map(|g| shorten(g)).collect::<Vec<_>>()
             ));
         }
-        if !seen.insert(a.as_str()) {
+        let twice = if scan {
+            answers[..i].contains(a)
+        } else {
+            !seen.insert(a.as_str())
+        };
+        if twice {
             return Err(format!("answer {:?} is decided twice", shorten(a)));
         }
     }
@@ -213,6 +231,8 @@ fn shorten(s: &str) -> String {
 }
 
 fn validate_plan(plan: &[Prompt], agents: u32, max_bytes: u64) -> Result<(), String> {
+    // Who speaks twice: a scan for a few prompts (every turn of every debate), a set beyond.
+    let scan = plan.len() <= 64;
     let mut seen = HashSet::new();
     for (i, prompt) in plan.iter().enumerate() {
         let bytes: usize = prompt.messages.iter().map(|m| m.content.len()).sum();
@@ -230,7 +250,12 @@ fn validate_plan(plan: &[Prompt], agents: u32, max_bytes: u64) -> Result<(), Str
                 agents.saturating_sub(1)
             ));
         }
-        if !seen.insert(prompt.agent) {
+        let twice = if scan {
+            plan[..i].iter().any(|p| p.agent == prompt.agent)
+        } else {
+            !seen.insert(prompt.agent)
+        };
+        if twice {
             return Err(format!(
                 "agent {} is planned to speak twice in one turn (prompt {i})",
                 prompt.agent
@@ -269,6 +294,15 @@ mod tests {
         assert!(err.contains("agent 2") && err.contains("2 agents"), "{err}");
         let err = validate_plan(&[prompt(1), prompt(1)], 3, 1 << 20).unwrap_err();
         assert!(err.contains("twice"), "{err}");
+        // Past the scan, the set: the same verdicts.
+        let mut many: Vec<Prompt> = (0..70).map(prompt).collect();
+        assert!(validate_plan(&many, 70, 1 << 20).is_ok());
+        many.push(prompt(5));
+        let err = validate_plan(&many, 70, 1 << 20).unwrap_err();
+        assert!(
+            err.contains("agent 5") && err.contains("prompt 70"),
+            "{err}"
+        );
         let empty = Prompt {
             agent: 0,
             messages: vec![],
@@ -319,5 +353,45 @@ mod tests {
             let err = ok(answers, turn).unwrap_err();
             assert!(err.contains(needle), "{answers:?} at {turn}: {err}");
         }
+        // Their answers are listed sorted, once each.
+        let err = ok(&["42"], 2).unwrap_err();
+        assert!(err.contains(r#"(their answers: ["5", "6", "7"])"#), "{err}");
+
+        // A transcript long enough for the sets (later turns, which do not count, pad it):
+        // the same verdicts.
+        let mut long = t.clone();
+        long.turns = 5_000;
+        for turn in 3..5_000 {
+            long.utterances.push(Utterance {
+                turn,
+                agent: 0,
+                text: String::new(),
+                answer: Some("99".into()),
+                score: 0.0,
+                correct: false,
+            });
+        }
+        assert!(long.utterances.len() > 4_096);
+        let ok_long = |a: &[&str], turn| {
+            let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+            validate_decision(&a, turn, &long)
+        };
+        for (answers, turn) in [
+            (&["5"][..], 1),
+            (&["5", "6"][..], 1),
+            (&["5", "7"][..], 2),
+            (&["42"][..], 1),
+            (&["7"][..], 1),
+            (&["99"][..], 2),
+            (&["5", "5"][..], 1),
+            (&["5", "6", "5", "6"][..], 1),
+        ] {
+            assert_eq!(
+                ok_long(answers, turn),
+                ok(answers, turn),
+                "{answers:?} at {turn}"
+            );
+        }
+        assert!(ok_long(&["99"], 3).is_ok());
     }
 }

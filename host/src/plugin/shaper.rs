@@ -1,7 +1,6 @@
 //! A reward-shaper plugin: turns a finished debate into one reward per utterance, each with
 //! named parts.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use wasmtime::component::{ComponentExportIndex, InstancePre};
@@ -126,7 +125,9 @@ fn validate_rewards(
     transcript: &Transcript,
     max_abs: f64,
 ) -> Result<(), String> {
-    let mut seen = HashSet::new();
+    // Which utterances have a reward already, by their place in the transcript: no hashing,
+    // and no larger than the transcript the call was given.
+    let mut seen = vec![false; transcript.utterances.len()];
     for (i, r) in rewards.iter().enumerate() {
         if r.agent >= transcript.agents {
             return Err(format!(
@@ -140,13 +141,17 @@ fn validate_rewards(
                 r.turn, transcript.turns
             ));
         }
-        if transcript.utterance(r.turn, r.agent).is_none() {
+        let Some(at) = transcript
+            .utterances
+            .iter()
+            .position(|u| u.turn == r.turn && u.agent == r.agent)
+        else {
             return Err(format!(
                 "reward {i} is for agent {} at turn {}, who said nothing then",
                 r.agent, r.turn
             ));
-        }
-        if !seen.insert((r.turn, r.agent)) {
+        };
+        if std::mem::replace(&mut seen[at], true) {
             return Err(format!(
                 "agent {} at turn {} is rewarded twice (reward {i})",
                 r.agent, r.turn
