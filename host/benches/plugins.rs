@@ -26,8 +26,12 @@
 //! Environment: MAPORL_BENCH_CALLS (timed calls per row, 2000), MAPORL_BENCH_WARMUP (untimed
 //! calls first, 200), MAPORL_BENCH_SEED (the payloads' seed, 0), MAPORL_BENCH_PLUGINS (the
 //! directory of built components), MAPORL_BENCH_ONLY (a comma-separated list of plugins,
-//! e.g. "debate,gsm8k", for profiling; the JSON then has only their rows), MAPORL_BENCH_JSON (a file to write the payloads, the
-//! native outputs and every number to, for scripts/bench_plugins.py).
+//! e.g. "debate,gsm8k", for profiling; the JSON then has only their rows), MAPORL_BENCH_JSON
+//! (a file to write the payloads, the native outputs and every number to, for
+//! scripts/bench_plugins.py), MAPORL_BENCH_RESTARTS (timed restarts per plugin, a tenth of
+//! the calls but at least 20; set it low when profiling the calls), MAPORL_BENCH_TEXTLESS
+//! (set: every utterance's text is emptied, a projection of what the calls would cost if
+//! the transcript carried no texts; the verifiers' rows then score empty responses).
 
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -543,7 +547,15 @@ fn main() -> anyhow::Result<()> {
         judge: Some(Arc::new(StubJudge)),
     })?;
     let limits = Limits::default();
-    let p = payloads(seed);
+    let mut p = payloads(seed);
+    // A projection, not a payload: see MAPORL_BENCH_TEXTLESS above.
+    if std::env::var_os("MAPORL_BENCH_TEXTLESS").is_some() {
+        for t in [&mut p.debate, &mut p.round_robin, &mut p.judged] {
+            for u in &mut t.utterances {
+                u.text.clear();
+            }
+        }
+    }
     let chars: Vec<usize> = p.debate.utterances.iter().map(|u| u.text.len()).collect();
     eprintln!(
         "payload: 3 agents x 3 turns, answers of {}..{} bytes; gold {}; {} timed calls per row \
@@ -560,7 +572,7 @@ fn main() -> anyhow::Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut restarts: Vec<(&'static str, Stats)> = Vec::new();
-    let restart_calls = (timer.calls / 10).max(20);
+    let restart_calls = env_usize("MAPORL_BENCH_RESTARTS", (timer.calls / 10).max(20)).max(1);
     let restart_timer = Timer {
         warmup: 5,
         calls: restart_calls,
