@@ -190,8 +190,8 @@ fn validate_decision(answers: &[String], turn: u32, transcript: &Transcript) -> 
             .filter_map(|u| u.answer.as_deref())
     };
     // A decision is a few answers over a few dozen utterances, checked after every turn of
-    // every debate: scans, no hashing (the sets were a tenth of a short call). Past that
-    // (a huge team, or a plugin deciding many answers), sets.
+    // every debate: scans, where a set hashed every answer of the transcript on every call.
+    // Past that (a huge team, or a plugin deciding many answers), sets.
     let scan = answers.len().saturating_mul(transcript.utterances.len()) <= 4_096;
     let given_set: Option<HashSet<&str>> = (!scan).then(|| given().collect());
     let mut seen = HashSet::new();

@@ -198,7 +198,8 @@ mod tests {
             (1_000..4_900).contains(&failing),
             "{failing} of 5,000 failed"
         );
-        // Longer transcripts, past the pairwise comparison: the sorted keys, the same answers.
+        // Longer transcripts, most past the pairwise comparison: the sorted keys, the same
+        // answers.
         let mut failing = 0;
         for _ in 0..2_000 {
             let utterances = (0..20 + next(40))

@@ -265,7 +265,7 @@ mod tests {
         assert!(!text.contains("a1") && !text.contains("Reward:"));
         assert!(text.contains(JUDGE_INSTRUCTION));
         assert!(text.ends_with("where N is an integer."));
-        // The whole message, as the `format!` it was built with before read it.
+        // The whole message, as the `format!` that used to build it wrote it.
         assert_eq!(
             *text,
             format!(

@@ -205,7 +205,7 @@ mod tests {
         assert!(text.find("Agent 1 (you").unwrap() < text.find("Agent 2 (turn 2)").unwrap());
         assert!(text.contains(REVISE));
         assert!(text.ends_with("where N is an integer."));
-        // The whole message, as the `format!` it was built with before read it.
+        // The whole message, as the `format!` that used to build it wrote it.
         let note = |score: &str, verdict: &str| {
             format!(
                 "Reward: {score} out of 1.0, which means the verifier thinks this answer is \
