@@ -801,6 +801,140 @@ fn a_protocol_sees_neither_the_reference_nor_correctness() {
     );
 }
 
+/// A small deterministic generator for the transcripts below.
+fn next(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+/// Transcripts of every shape a plugin may be given: empty ones, empty, non-ASCII, long and
+/// control-character texts, answers absent, empty and present, scores of every sign and
+/// size (zero, negative zero, subnormal, the largest finite, NaN, infinity), turn and
+/// agent numbers up to `u32::MAX`.
+fn odd_transcripts() -> Vec<maporl::transcript::Transcript> {
+    let long = "x".repeat(5_000);
+    let texts = [
+        "",
+        "plain",
+        "ünïcödé — 数学 🧮",
+        long.as_str(),
+        "tab\tnewline\n \"quoted\" \u{1b}[31m",
+    ];
+    let answers = [None, Some(""), Some("42"), Some("entailment ünï")];
+    let scores = [
+        0.0f32,
+        -0.0,
+        1.0,
+        0.734,
+        1e-40,
+        f32::MAX,
+        -3.5,
+        f32::NAN,
+        f32::INFINITY,
+    ];
+    let numbers = [0u32, 1, 2, 7, 65_536, u32::MAX];
+    let mut state = 19;
+    (0..60)
+        .map(|i| {
+            let utterances = (0..(i % 13))
+                .map(|_| maporl::transcript::Utterance {
+                    turn: numbers[next(&mut state) as usize % numbers.len()],
+                    agent: numbers[next(&mut state) as usize % numbers.len()],
+                    text: texts[next(&mut state) as usize % texts.len()].to_string(),
+                    answer: answers[next(&mut state) as usize % answers.len()].map(String::from),
+                    score: scores[next(&mut state) as usize % scores.len()],
+                    correct: next(&mut state).is_multiple_of(2),
+                })
+                .collect();
+            transcript(1 + i as u32 % 4, 1 + i as u32 % 5, utterances)
+        })
+        .collect()
+}
+
+/// What the host lowers is what a plugin receives, field by field and bit for bit, on
+/// every shape of transcript (the host writes the WIT records itself: see
+/// `plugin::bindings::Utterances`); correctness stays hidden from a protocol.
+#[test]
+fn a_transcript_arrives_field_by_field() {
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    for said in odd_transcripts() {
+        let err = p
+            .decide(&hostile("report-transcript"), 1, &said)
+            .unwrap_err();
+        let want = format!(
+            "report-transcript: agents {} turns {} [{}]",
+            said.agents,
+            said.turns,
+            said.utterances
+                .iter()
+                .map(|u| format!(
+                    "{}/{}/{:?}/{:?}/{:08x}/false",
+                    u.turn,
+                    u.agent,
+                    u.text,
+                    u.answer,
+                    u.score.to_bits()
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        let f = failure(
+            err,
+            "hostile_protocol.wasm",
+            "protocol",
+            "decide",
+            "task-report-transcript",
+        );
+        assert!(
+            matches!(&f, Failure::Returned(m) if *m == want),
+            "{f:?}\nwant {want}"
+        );
+    }
+}
+
+/// What a plugin plans is what the host gets: every message's text and role, on every
+/// kind of text; bytes that are not UTF-8 fail the call with the place they stop being it.
+#[test]
+fn a_plans_texts_arrive_whole_and_bytes_that_are_not_utf8_are_refused() {
+    use maporl::transcript::Role;
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    for said in odd_transcripts() {
+        let plan = p.plan_turn(&hostile("echo-texts"), 1, &said).unwrap();
+        assert_eq!(plan.len(), 1);
+        assert_eq!(plan[0].agent, 0);
+        let got: Vec<(Role, &str)> = plan[0]
+            .messages
+            .iter()
+            .map(|m| (m.role, m.content.as_str()))
+            .collect();
+        let roles = [Role::System, Role::User, Role::Assistant];
+        let texts = said.utterances.iter().map(|u| u.text.as_str());
+        let want: Vec<(Role, &str)> = std::iter::once((Role::User, "echo-texts"))
+            .chain(texts.zip(roles.iter().cycle()).map(|(t, r)| (*r, t)))
+            .collect();
+        assert_eq!(got, want);
+    }
+    let t = transcript(2, 1, vec![]);
+    let err = p.plan_turn(&hostile("invalid-utf8"), 1, &t).unwrap_err();
+    let f = failure(
+        err,
+        "hostile_protocol.wasm",
+        "protocol",
+        "plan-turn",
+        "task-invalid-utf8",
+    );
+    assert!(
+        matches!(&f, Failure::Trap(m) if m.contains("invalid utf-8 sequence of 1 bytes from index 2")),
+        "{f:?}"
+    );
+    // A fresh instance answers the next call.
+    assert_eq!(p.plan_turn(&hostile("fine"), 1, &t).unwrap().len(), 2);
+}
+
 #[test]
 fn results_that_type_check_but_make_no_sense_are_refused() {
     let (rt, _, _c) = runtime();

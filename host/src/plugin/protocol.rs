@@ -8,7 +8,7 @@ use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
 use super::bindings::{
-    export_index, protocol as b, wit, Export, Signature, TaskView, TranscriptView,
+    export_index, protocol as b, Export, PromptLift, Signature, TaskView, TranscriptView,
 };
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
@@ -20,7 +20,7 @@ pub(crate) struct PlanTurn;
 
 impl Signature for PlanTurn {
     type Params<'a> = (TaskView<'a>, u32, TranscriptView<'a>);
-    type Results = (Result<Vec<wit::Prompt>, String>,);
+    type Results = (Result<Vec<PromptLift>, String>,);
 }
 
 /// `decide(task, turn, transcript) -> result<list<string>, string>`.

@@ -31,6 +31,27 @@ pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool),
         // 64 KiB of prompt: under the byte bound, some 32k tokens, past a small model's
         // context.
         "long-prompt" => Ok((everyone(&" x".repeat(32 << 10)), false)),
+        // The question, then every utterance's text, one message each, roles in turn: what
+        // the host lifts.
+        "echo-texts" => {
+            let roles = [Role::System, Role::User, Role::Assistant];
+            let texts = transcript.utterances.iter().map(|u| u.text.as_str());
+            let messages = std::iter::once(message(Role::User, task.question.as_str()))
+                .chain(
+                    texts
+                        .zip(roles.iter().cycle())
+                        .map(|(t, role)| message(*role, t)),
+                )
+                .collect();
+            Ok((vec![Prompt { agent: 0, messages }], false))
+        }
+        // A message whose bytes are not UTF-8, which safe Rust cannot make.
+        "invalid-utf8" => {
+            // SAFETY: none; the point is a string the host must refuse. The guest only
+            // hands it over (the canonical ABI copies its bytes), never reads it as text.
+            let bad = unsafe { String::from_utf8_unchecked(vec![b'o', b'k', 0xff, b'!']) };
+            Ok((vec![prompt(0, "fine"), prompt(1, &bad)], false))
+        }
         mode => match misbehave(mode) {
             Outcome::Normal => Ok((everyone(&task.question), true)),
             Outcome::Output(text) => Ok((everyone(&text), false)),
@@ -60,6 +81,30 @@ pub fn decide(
             return Err(format!(
                 "report-correct: correct {correct:?}, reference {:?}",
                 task.reference
+            ));
+        }
+        // Tells every field of every utterance it was given: what the host lowered.
+        "report-transcript" => {
+            let said: Vec<String> = transcript
+                .utterances
+                .iter()
+                .map(|u| {
+                    format!(
+                        "{}/{}/{:?}/{:?}/{:08x}/{}",
+                        u.turn,
+                        u.agent,
+                        u.text,
+                        u.answer,
+                        u.score.to_bits(),
+                        u.correct
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "report-transcript: agents {} turns {} [{}]",
+                transcript.agents,
+                transcript.turns,
+                said.join("; ")
             ));
         }
         _ => {}
