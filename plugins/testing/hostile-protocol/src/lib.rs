@@ -47,8 +47,9 @@ pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool),
         }
         // A message whose bytes are not UTF-8, which safe Rust cannot make.
         "invalid-utf8" => {
-            // SAFETY: none; the point is a string the host must refuse. The guest only
-            // hands it over (the canonical ABI copies its bytes), never reads it as text.
+            // SAFETY: this breaks `String`'s UTF-8 invariant on purpose (the point is text
+            // the host must refuse); nothing here reads it as text: it is copied and handed
+            // over as bytes by the canonical ABI.
             let bad = unsafe { String::from_utf8_unchecked(vec![b'o', b'k', 0xff, b'!']) };
             Ok((vec![prompt(0, "fine"), prompt(1, &bad)], false))
         }
