@@ -1020,3 +1020,215 @@ fn results_that_type_check_but_make_no_sense_are_refused() {
     }
     assert_eq!(s.shape(&hostile("fine"), &said).unwrap().len(), 2);
 }
+
+/// A protocol component written by hand (WAT), whose `plan-turn` returns, by the mode in its
+/// settings (a digit), a plan that is well formed or one that lies about the guest's memory
+/// in one way. A plugin built with wit-bindgen cannot make these: the host lifts the plan
+/// with its own code (`plugin::bindings::Plan`), and must refuse every lie as wasmtime's own
+/// lifting does, without reading outside the guest's memory or allocating what a lie
+/// claims. With `encoding = "utf16"` the component declares UTF-16 strings, which the host
+/// lifts through wasmtime's derived code instead.
+fn lying_planner(encoding: &str) -> String {
+    // Little-endian u32 words as WAT data strings.
+    let words = |ws: &[u32]| -> String {
+        ws.iter()
+            .flat_map(|w| w.to_le_bytes())
+            .map(|b| format!("\\{b:02x}"))
+            .collect()
+    };
+    // Plan results by mode: (pointer, length) of the list of prompts.
+    let modes = words(&[
+        0x200,
+        1, // 0: one prompt, two messages: ok
+        0xffff_fff4,
+        1, // 1: the prompts' list past the end of memory
+        0x202,
+        1, // 2: the prompts' list not aligned
+        0x210,
+        1, // 3: a messages' list past the end of memory
+        0x220,
+        1, // 4: a role that is no `role`
+        0x230,
+        1, // 5: a text past the end of memory
+        0x240,
+        1, // 6: a text whose pointer and length overflow 32 bits
+        0x250,
+        1, // 7: a text that is not UTF-8
+        0x260,
+        1, // 8: 8,192 messages, each the same 56 KiB text: 470 MB to copy
+        0x270,
+        1, // 9: a messages' list not aligned
+    ]);
+    let prompts = [
+        (0x200, [0, 0x400, 2]),
+        (0x210, [0, 0x400, 0x1000_0000]),
+        (0x220, [0, 0x440, 1]),
+        (0x230, [0, 0x450, 1]),
+        (0x240, [0, 0x460, 1]),
+        (0x250, [0, 0x470, 1]),
+        (0x260, [0, 0x2_0000, 0x2000]),
+        (0x270, [0, 0x401, 1]),
+    ];
+    let messages = [
+        (0x400, [1, 0x800, 2]),
+        (0x40c, [2, 0x804, 2]),
+        (0x440, [3, 0x800, 2]),
+        (0x450, [1, 0x3_ffff, 2]),
+        (0x460, [1, 0xffff_ffff, 0xffff_ffff]),
+        (0x470, [1, 0x808, 2]),
+    ];
+    let mut data = format!("(data (i32.const 0x180) \"{modes}\")\n");
+    for (at, record) in prompts.iter().chain(&messages) {
+        data += &format!("(data (i32.const {at}) \"{}\")\n", words(record));
+    }
+    // "hi" at 0x800 and "yo" at 0x804, in the declared encoding; bytes that are not UTF-8.
+    data += match encoding {
+        "utf8" => "(data (i32.const 0x800) \"hi\") (data (i32.const 0x804) \"yo\")",
+        _ => "(data (i32.const 0x800) \"h\\00i\\00y\\00o\\00\")",
+    };
+    data += " (data (i32.const 0x808) \"\\ff\\fe\")";
+    let params = "i32 ".repeat(15);
+    format!(
+        r#"(component
+  (import "maporl:plugin/types@0.1.0" (instance $types
+    (type (tuple string string)) (type (list 0))
+    (type (record (field "id" string) (field "kind" string) (field "question" string)
+      (field "reference" string) (field "fields" 1)))
+    (export "task" (type (eq 2)))
+    (type (option string))
+    (type (record (field "turn" u32) (field "agent" u32) (field "text" string) (field "answer" 4)
+      (field "score" f32) (field "correct" bool)))
+    (export "utterance" (type (eq 5)))
+    (type (list 6))
+    (type (record (field "agents" u32) (field "turns" u32) (field "utterances" 7)))
+    (export "transcript" (type (eq 8)))
+    (type (enum "system" "user" "assistant"))
+    (export "role" (type (eq 10)))
+    (type (record (field "role" 11) (field "content" string)))
+    (export "chat-message" (type (eq 12)))
+    (type (list 13))
+    (type (record (field "agent" u32) (field "messages" 14)))
+    (export "prompt" (type (eq 15)))))
+  (alias export $types "task" (type $task))
+  (alias export $types "transcript" (type $transcript))
+  (alias export $types "prompt" (type $prompt))
+  (core module $m
+    (memory (export "memory") 4)
+    (global $mode (mut i32) (i32.const 0))
+    (global $bump (mut i32) (i32.const 0x38000))
+    {data}
+    ;; A bump allocator over 0x38000..0x40000 for what the host lowers (it wraps around).
+    (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and
+        (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
+        (i32.sub (i32.const 0) (local.get 2))))
+      (if (i32.gt_u (i32.add (local.get $p) (local.get 3)) (i32.const 0x40000))
+        (then (local.set $p (i32.const 0x38000))))
+      (global.set $bump (i32.add (local.get $p) (local.get 3)))
+      (local.get $p))
+    (func (export "configure") (param $text i32) (param $len i32) (result i32)
+      (global.set $mode (i32.sub (i32.load8_u (local.get $text)) (i32.const 48)))
+      (i32.store8 (i32.const 0x100) (i32.const 0))
+      (i32.const 0x100))
+    (func (export "decide") (param {params}) (result i32)
+      (i32.store8 (i32.const 0x100) (i32.const 0))
+      (i32.store (i32.const 0x104) (i32.const 0))
+      (i32.store (i32.const 0x108) (i32.const 0))
+      (i32.const 0x100))
+    (func (export "plan-turn") (param {params}) (result i32)
+      (local $i i32)
+      (if (i32.eq (global.get $mode) (i32.const 8)) (then
+        (loop $fill
+          (i32.store (i32.add (i32.const 0x20000) (i32.mul (local.get $i) (i32.const 12)))
+            (i32.const 1))
+          (i32.store (i32.add (i32.const 0x20004) (i32.mul (local.get $i) (i32.const 12)))
+            (i32.const 0x1000))
+          (i32.store (i32.add (i32.const 0x20008) (i32.mul (local.get $i) (i32.const 12)))
+            (i32.const 0xe000))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $fill (i32.lt_u (local.get $i) (i32.const 0x2000))))))
+      (i32.store8 (i32.const 0x100) (i32.const 0))
+      (i32.store (i32.const 0x104)
+        (i32.load (i32.add (i32.const 0x180) (i32.mul (global.get $mode) (i32.const 8)))))
+      (i32.store (i32.const 0x108)
+        (i32.load (i32.add (i32.const 0x184) (i32.mul (global.get $mode) (i32.const 8)))))
+      (i32.const 0x100)))
+  (core instance $i (instantiate $m))
+  (alias core export $i "memory" (core memory $memory))
+  (alias core export $i "cabi_realloc" (core func $realloc))
+  (func $configure (param "settings" string) (result (result (error string)))
+    (canon lift (core func $i "configure") (memory $memory) (realloc $realloc) string-encoding=utf8))
+  (func $plan-turn (param "task" $task) (param "turn" u32) (param "transcript" $transcript)
+    (result (result (list $prompt) (error string)))
+    (canon lift (core func $i "plan-turn") (memory $memory) (realloc $realloc)
+      string-encoding={encoding}))
+  (func $decide (param "task" $task) (param "turn" u32) (param "transcript" $transcript)
+    (result (result (list string) (error string)))
+    (canon lift (core func $i "decide") (memory $memory) (realloc $realloc) string-encoding=utf8))
+  (instance $collaboration
+    (export "configure" (func $configure))
+    (export "plan-turn" (func $plan-turn))
+    (export "decide" (func $decide)))
+  (export "maporl:plugin/collaboration@0.1.0" (instance $collaboration)))"#
+    )
+}
+
+#[test]
+fn a_plan_that_lies_about_the_guests_memory_is_refused_as_wasmtime_refuses_it() {
+    use maporl::transcript::{ChatMessage, Prompt, Role};
+    let (rt, _, cache) = runtime();
+    let t = transcript(2, 3, vec![]);
+    let well_formed = vec![Prompt {
+        agent: 0,
+        messages: vec![
+            ChatMessage {
+                role: Role::User,
+                content: "hi".into(),
+            },
+            ChatMessage {
+                role: Role::Assistant,
+                content: "yo".into(),
+            },
+        ],
+    }];
+    let lies = [
+        (1, "list pointer/length out of bounds of memory"),
+        (2, "list pointer is not aligned"),
+        (3, "list pointer/length out of bounds of memory"),
+        (4, "unexpected discriminant: 3"),
+        (5, "string pointer/length out of bounds of memory"),
+        (6, "string pointer/length out of bounds of memory"),
+        (7, "invalid utf-8"),
+        (
+            8,
+            "too much data is being copied between the host and the guest",
+        ),
+        (9, "list pointer is not aligned"),
+    ];
+    for encoding in ["utf8", "utf16"] {
+        let path = cache.path().join(format!("lying-{encoding}.wasm"));
+        std::fs::write(&path, wat::parse_str(lying_planner(encoding)).unwrap()).unwrap();
+        let load = |mode: u32| {
+            Protocol::load(&rt, &path, &json!(mode), &Limits::default())
+                .unwrap_or_else(|e| panic!("{encoding} mode {mode}: {e}"))
+        };
+        let plan = load(0).plan_turn(&hostile("q"), 1, &t);
+        assert_eq!(plan.unwrap(), well_formed, "{encoding}");
+        for (mode, says) in lies {
+            // Lifted through wasmtime's code, the text's own checks differ (alignment to
+            // 2 first, then UTF-16): only the structural lies are asked of that path.
+            if encoding == "utf16" && (5..=7).contains(&mode) {
+                continue;
+            }
+            let err = load(mode)
+                .plan_turn(&hostile("q"), 1, &t)
+                .expect_err(&format!("{encoding} mode {mode} must fail"));
+            let text = err.to_string();
+            assert!(
+                text.contains(says) && text.contains("`plan-turn`") && text.contains("task-q"),
+                "{encoding} mode {mode}: {text}"
+            );
+        }
+    }
+}

@@ -337,8 +337,195 @@ impl<S: Signature> Export<S> {
     }
 }
 
-/// A prompt as a plan's call lifts it; its messages' texts are [`Text`]s. Field names,
-/// order and types are checked against the WIT record when an instance is made.
+/// A plan's prompts as a call lifts them (a WIT `list<prompt>`), straight into the host's
+/// records.
+///
+/// The derived lifting looks the guest's memory up again for every prompt, message and
+/// text (`Instance::options_memory_mut`, with the list machinery around it, was a tenth of
+/// debate's turn-3 plan on the host side), and lifted into [`PromptLift`]s converted after.
+/// Here each prompt takes two lookups: one to check its messages (their roles, where their
+/// texts lie) and add up their texts' bytes, which are then charged to the call's budget
+/// for data copied out of the guest at once, before anything is allocated; one to check
+/// the texts are UTF-8 and copy them. The checks and their errors are wasmtime's: a list
+/// or text out of the guest's memory, a list not aligned, a role that is no `role`, text
+/// that is not UTF-8, the budget exhausted (charged the same amounts). The UTF-8 check is
+/// `simdutf8`'s (wasmtime's `core::str::from_utf8` took 73 ns for 1.6 KB of text on this
+/// project's 2-core Xeon, `simdutf8` 15 ns; a turn-3 plan returns 24 KB). Components whose
+/// strings are not UTF-8 (the canonical ABI allows UTF-16 and Latin-1) are lifted through
+/// [`PromptLift`].
+pub(crate) struct Plan(pub(crate) Vec<t::Prompt>);
+
+/// Where each field of a `prompt` and of a `chat-message` lies: `agent` u32 at 0, then the
+/// messages' (pointer, length) at 4; `role` (an enum of three cases: one byte) at 0, then
+/// the content's (pointer, length) at 4. Both 12 bytes, aligned to 4.
+mod plan_layout {
+    pub const AGENT: usize = 0;
+    pub const MESSAGES: usize = 4;
+    pub const ROLE: usize = 0;
+    pub const CONTENT: usize = 4;
+    pub const SIZE: usize = 12;
+    pub const ALIGN: usize = 4;
+}
+const _: () = assert!(
+    <PromptLift as ComponentType>::SIZE32 == plan_layout::SIZE
+        && <PromptLift as ComponentType>::ALIGN32 as usize == plan_layout::ALIGN
+        && <MessageLift as ComponentType>::SIZE32 == plan_layout::SIZE
+        && <MessageLift as ComponentType>::ALIGN32 as usize == plan_layout::ALIGN,
+    "the prompt or chat-message record's layout changed: update `plan_layout`"
+);
+
+// SAFETY: a list's flat form and ABI (a pointer and a length), as wasmtime's `Vec<T>`; the
+// type check is `Vec<PromptLift>`'s, and `lift` reads that record's layout.
+unsafe impl ComponentType for Plan {
+    type Lower = [ValRaw; 2];
+
+    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <Vec<PromptLift> as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: reads only what the type check admits, within the guest's memory.
+unsafe impl Lift for Plan {
+    fn linear_lift_from_flat(
+        cx: &mut LiftContext<'_>,
+        ty: InterfaceType,
+        src: &[ValRaw; 2],
+    ) -> wasmtime::Result<Self> {
+        if cx.options().string_encoding != StringEncoding::Utf8 {
+            return Vec::<PromptLift>::linear_lift_from_flat(cx, ty, src).map(Plan::from);
+        }
+        Plan::lift(cx, src[0].get_u32() as usize, src[1].get_u32() as usize)
+    }
+
+    fn linear_lift_from_memory(
+        cx: &mut LiftContext<'_>,
+        ty: InterfaceType,
+        bytes: &[u8],
+    ) -> wasmtime::Result<Self> {
+        if cx.options().string_encoding != StringEncoding::Utf8 {
+            return Vec::<PromptLift>::linear_lift_from_memory(cx, ty, bytes).map(Plan::from);
+        }
+        Plan::lift(cx, word(bytes, 0) as usize, word(bytes, 4) as usize)
+    }
+}
+
+impl From<Vec<PromptLift>> for Plan {
+    fn from(prompts: Vec<PromptLift>) -> Self {
+        Plan(prompts.into_iter().map(t::Prompt::from).collect())
+    }
+}
+
+/// The little-endian u32 at `at` of `bytes`, which the caller has sized.
+fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// Checks a list of `len` 12-byte records at `ptr` as wasmtime's `WasmList::new` does
+/// (within memory, aligned) and charges its host-side size, `host_size` bytes a record, to
+/// the call's data budget.
+fn guest_list(
+    cx: &mut LiftContext<'_>,
+    ptr: usize,
+    len: usize,
+    host_size: usize,
+) -> wasmtime::Result<()> {
+    match len
+        .checked_mul(plan_layout::SIZE)
+        .and_then(|n| ptr.checked_add(n))
+    {
+        Some(end) if end <= cx.memory().len() => cx.consume_fuel_array(len, host_size)?,
+        _ => wasmtime::bail!("list pointer/length out of bounds of memory"),
+    }
+    if !ptr.is_multiple_of(plan_layout::ALIGN) {
+        wasmtime::bail!("list pointer is not aligned");
+    }
+    Ok(())
+}
+
+impl Plan {
+    fn lift(cx: &mut LiftContext<'_>, ptr: usize, len: usize) -> wasmtime::Result<Plan> {
+        use plan_layout as at;
+        guest_list(cx, ptr, len, std::mem::size_of::<PromptLift>())?;
+        let mut prompts = Vec::with_capacity(len);
+        for i in 0..len {
+            let record = ptr + i * at::SIZE;
+            let (agent, messages, count) = {
+                let memory = cx.memory();
+                let r = &memory[record..record + at::SIZE];
+                (
+                    word(r, at::AGENT),
+                    word(r, at::MESSAGES) as usize,
+                    word(r, at::MESSAGES + 4) as usize,
+                )
+            };
+            guest_list(cx, messages, count, std::mem::size_of::<MessageLift>())?;
+            // The roles and where the texts lie, and their bytes (charged before copying).
+            let mut bytes = 0usize;
+            {
+                let memory = cx.memory();
+                for m in 0..count {
+                    let r = &memory[messages + m * at::SIZE..][..at::SIZE];
+                    role(r[at::ROLE])?;
+                    let (text, text_len) = (
+                        word(r, at::CONTENT) as usize,
+                        word(r, at::CONTENT + 4) as usize,
+                    );
+                    match text.checked_add(text_len) {
+                        Some(end) if end <= memory.len() => {}
+                        _ => wasmtime::bail!("string pointer/length out of bounds of memory"),
+                    }
+                    bytes = bytes.saturating_add(text_len);
+                }
+            }
+            cx.consume_fuel(bytes)?;
+            let memory = cx.memory();
+            let mut lifted = Vec::with_capacity(count);
+            for m in 0..count {
+                let r = &memory[messages + m * at::SIZE..][..at::SIZE];
+                let text = word(r, at::CONTENT) as usize;
+                let text = &memory[text..][..word(r, at::CONTENT + 4) as usize];
+                lifted.push(t::ChatMessage {
+                    role: role(r[at::ROLE])?,
+                    content: utf8(text)?.to_owned(),
+                });
+            }
+            prompts.push(t::Prompt {
+                agent,
+                messages: lifted,
+            });
+        }
+        Ok(Plan(prompts))
+    }
+}
+
+/// The host's role for a WIT `role`'s discriminant; wasmtime's error for one that is none.
+fn role(discriminant: u8) -> wasmtime::Result<t::Role> {
+    const SYSTEM: u8 = wit::Role::System as u8;
+    const USER: u8 = wit::Role::User as u8;
+    const ASSISTANT: u8 = wit::Role::Assistant as u8;
+    Ok(match discriminant {
+        SYSTEM => t::Role::System,
+        USER => t::Role::User,
+        ASSISTANT => t::Role::Assistant,
+        other => wasmtime::bail!("unexpected discriminant: {other}"),
+    })
+}
+
+/// `bytes` as text, checked with `simdutf8`; wasmtime's error (where the bytes stop being
+/// UTF-8) when they are not.
+fn utf8(bytes: &[u8]) -> wasmtime::Result<&str> {
+    simdutf8::basic::from_utf8(bytes).map_err(|_| {
+        std::str::from_utf8(bytes)
+            .err()
+            .map(wasmtime::Error::from)
+            .unwrap_or_else(|| wasmtime::format_err!("invalid UTF-8"))
+    })
+}
+
+/// A prompt as a plan's call lifts it when its strings are not UTF-8 (see [`Plan`]). Field
+/// names, order and types are checked against the WIT record when an instance is made.
 #[derive(ComponentType, Lift)]
 #[component(record)]
 pub(crate) struct PromptLift {
@@ -351,77 +538,7 @@ pub(crate) struct PromptLift {
 #[component(record)]
 pub(crate) struct MessageLift {
     role: wit::Role,
-    content: Text,
-}
-
-/// A WIT `string` lifted into a host `String`, checked to be UTF-8 with `simdutf8`.
-///
-/// wasmtime's own lifting of a `String` checks it with `core::str::from_utf8`: 73 ns for
-/// 1.6 KB of text on this project's 2-core Xeon, 15 ns with `simdutf8`, and a debate's
-/// turn-3 plan returns 24 KB of prompts (10% of that call's time in `from_utf8`, 7% after:
-/// the bytes are fresh from the guest's writes). The rest is what wasmtime does: the same bounds check, the same charge on the call's budget
-/// for data copied out of the guest, the same error for bytes that are not UTF-8; strings
-/// in another encoding than UTF-8 (a component may declare UTF-16 or Latin-1) go through
-/// wasmtime's own code.
-pub(crate) struct Text(String);
-
-// SAFETY: a string's flat form, ABI and type check, as wasmtime's `String`.
-unsafe impl ComponentType for Text {
-    type Lower = [ValRaw; 2];
-
-    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        <String as ComponentType>::typecheck(ty, types)
-    }
-}
-
-// SAFETY: reads only what the type check admits (a string's pointer and length).
-unsafe impl Lift for Text {
-    fn linear_lift_from_flat(
-        cx: &mut LiftContext<'_>,
-        ty: InterfaceType,
-        src: &[ValRaw; 2],
-    ) -> wasmtime::Result<Self> {
-        if cx.options().string_encoding != StringEncoding::Utf8 {
-            return String::linear_lift_from_flat(cx, ty, src).map(Text);
-        }
-        Text::utf8(cx, src[0].get_u32(), src[1].get_u32())
-    }
-
-    fn linear_lift_from_memory(
-        cx: &mut LiftContext<'_>,
-        ty: InterfaceType,
-        bytes: &[u8],
-    ) -> wasmtime::Result<Self> {
-        if cx.options().string_encoding != StringEncoding::Utf8 {
-            return String::linear_lift_from_memory(cx, ty, bytes).map(Text);
-        }
-        let word = |at: usize| {
-            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-        };
-        Text::utf8(cx, word(0), word(4))
-    }
-}
-
-impl Text {
-    /// The UTF-8 string of `len` bytes at `ptr` in the guest's memory.
-    fn utf8(cx: &mut LiftContext<'_>, ptr: u32, len: u32) -> wasmtime::Result<Text> {
-        let (ptr, len) = (ptr as usize, len as usize);
-        let memory = cx.memory();
-        let Some(bytes) = memory.get(ptr..).and_then(|m| m.get(..len)) else {
-            wasmtime::bail!("string pointer/length out of bounds of memory");
-        };
-        cx.consume_fuel(len)?;
-        match simdutf8::basic::from_utf8(bytes) {
-            Ok(text) => Ok(Text(text.to_owned())),
-            // The precise error (where the bytes stop being UTF-8), as wasmtime gives it.
-            Err(_) => Err(std::str::from_utf8(bytes)
-                .err()
-                .map(wasmtime::Error::from)
-                .unwrap_or_else(|| wasmtime::format_err!("invalid UTF-8"))),
-        }
-    }
+    content: String,
 }
 
 impl From<PromptLift> for t::Prompt {
@@ -437,7 +554,7 @@ impl From<PromptLift> for t::Prompt {
                         wit::Role::User => t::Role::User,
                         wit::Role::Assistant => t::Role::Assistant,
                     },
-                    content: m.content.0,
+                    content: m.content,
                 })
                 .collect(),
         }

@@ -8,7 +8,7 @@ use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
 use super::bindings::{
-    export_index, protocol as b, Export, PromptLift, Signature, TaskView, TranscriptView,
+    export_index, protocol as b, Export, Plan, Signature, TaskView, TranscriptView,
 };
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
@@ -20,7 +20,7 @@ pub(crate) struct PlanTurn;
 
 impl Signature for PlanTurn {
     type Params<'a> = (TaskView<'a>, u32, TranscriptView<'a>);
-    type Results = (Result<Vec<PromptLift>, String>,);
+    type Results = (Result<Plan, String>,);
 }
 
 /// `decide(task, turn, transcript) -> result<list<string>, string>`.
@@ -127,7 +127,7 @@ impl Protocol {
             );
             p.plan_turn.call(store, params).map(|(plan,)| plan)
         })?;
-        let plan: Vec<Prompt> = plan.into_iter().map(Prompt::from).collect();
+        let Plan(plan) = plan;
         validate_plan(
             &plan,
             transcript.agents,
