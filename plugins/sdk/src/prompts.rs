@@ -320,7 +320,7 @@ pub struct DebateView<'a> {
 /// labelled by [`agent_label`]), written without their intermediate values: the turn-1
 /// prompt is built once and copied into every follow-up, and the peers' answers go straight
 /// into the follow-up's buffer (no label strings, no list of shown answers): in a component,
-/// 7% fewer instructions for a 3-agent turn-3 plan (BENCHMARKS.md).
+/// 8% fewer instructions for a 3-agent turn-3 plan (BENCHMARKS.md).
 pub fn debate_messages(
     plugin: &str,
     task: &Task,
