@@ -137,6 +137,11 @@ fn push_first_turn_prompt(out: &mut String, task: &Task, kind: TaskKind) {
 /// `n` in decimal, appended without `format!` (whose machinery is most of the cost of a
 /// short label in a component).
 pub fn push_number(out: &mut String, n: u32) {
+    if n < 10 {
+        // Agent numbers, nearly always.
+        out.push(char::from(b'0' + n as u8));
+        return;
+    }
     let mut digits = [0u8; 10];
     let mut start = digits.len();
     let mut rest = n;
@@ -289,14 +294,31 @@ pub fn message(role: Role, content: impl Into<String>) -> ChatMessage {
 /// The other agents `agent` sees: at most `limit` (all when `None`) of `participants`,
 /// taken cyclically starting after `agent`'s position in `participants`.
 pub fn peers_of(participants: &[u32], agent: u32, limit: Option<u32>) -> Vec<u32> {
+    peers(participants, agent, limit).collect()
+}
+
+/// [`peers_of`] without the `Vec` (in a component, an allocation per prompt).
+fn peers(
+    participants: &[u32],
+    agent: u32,
+    limit: Option<u32>,
+) -> impl Iterator<Item = u32> + Clone + '_ {
     let n = participants.len();
-    let Some(pos) = participants.iter().position(|p| *p == agent) else {
-        return Vec::new();
+    let (pos, count) = match participants.iter().position(|p| *p == agent) {
+        Some(pos) => (pos, limit.map_or(n - 1, |l| (l as usize).min(n - 1))),
+        None => (0, 0),
     };
-    let count = limit.map_or(n - 1, |l| (l as usize).min(n - 1));
-    (0..count)
-        .map(|i| participants[(pos + 1 + i) % n])
-        .collect()
+    (0..count).map(move |i| participants[(pos + 1 + i) % n])
+}
+
+/// `text.trim()`, without the call when `text` starts and ends with a visible ASCII
+/// character (every response so far): in a component, the generic trim is a call and a
+/// UTF-8 decoding at each end, for each answer shown.
+fn trimmed(text: &str) -> &str {
+    match (text.as_bytes().first(), text.as_bytes().last()) {
+        (Some(a), Some(z)) if a.is_ascii_graphic() && z.is_ascii_graphic() => text,
+        _ => text.trim(),
+    }
 }
 
 /// How a debate shows earlier turns to a debater.
@@ -330,7 +352,7 @@ pub fn debate_messages(
     view: DebateView<'_>,
 ) -> Result<Vec<ChatMessage>, String> {
     let kind = task_kind(task);
-    let peers = peers_of(view.participants, agent, view.peers);
+    let peers = peers(view.participants, agent, view.peers);
     let system = system_message(view.system);
     // Turns past the transcript fail below; the bound keeps an absurd `turn` from
     // reserving memory first.
@@ -351,8 +373,8 @@ pub fn debate_messages(
         messages.push(message(Role::Assistant, own.text.clone()));
         let shown = || {
             peers
-                .iter()
-                .filter_map(|p| find(transcript, k, *p))
+                .clone()
+                .filter_map(|p| find(transcript, k, p))
                 .map(|u| (u.agent, u.text.as_str(), u.score))
         };
         let followup = peers_followup(&messages[first].content, shown, view.show_scores);
@@ -392,7 +414,7 @@ where
         out.push_str("Agent ");
         push_number(&mut out, agent.saturating_add(1));
         out.push_str(": ");
-        out.push_str(text.trim());
+        out.push_str(trimmed(text));
         if show_scores {
             out.push('\n');
             push_score_note(&mut out, score);
@@ -546,6 +568,21 @@ mod tests {
         assert_eq!(agent_label(u32::MAX), "Agent 4294967295");
         assert_eq!(concat(&[]), "");
         assert_eq!(concat(&["a", "", "bc", "é"]), "abcé");
+    }
+
+    #[test]
+    fn trimmed_is_trim() {
+        let ends = [
+            "", " ", "\t", "\n", "x", "é", "\u{a0}", "\u{2003}", "~", "!", "\u{7f}", "\0",
+        ];
+        for a in ends {
+            for z in ends {
+                for middle in ["", "y", " mid dle "] {
+                    let text = format!("{a}{middle}{z}");
+                    assert_eq!(trimmed(&text), text.trim(), "{text:?}");
+                }
+            }
+        }
     }
 
     #[test]
