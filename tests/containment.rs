@@ -1037,28 +1037,21 @@ fn lying_planner(encoding: &str) -> String {
             .collect()
     };
     // Plan results by mode: (pointer, length) of the list of prompts.
-    let modes = words(&[
-        0x200,
-        1, // 0: one prompt, two messages: ok
-        0xffff_fff4,
-        1, // 1: the prompts' list past the end of memory
-        0x202,
-        1, // 2: the prompts' list not aligned
-        0x210,
-        1, // 3: a messages' list past the end of memory
-        0x220,
-        1, // 4: a role that is no `role`
-        0x230,
-        1, // 5: a text past the end of memory
-        0x240,
-        1, // 6: a text whose pointer and length overflow 32 bits
-        0x250,
-        1, // 7: a text that is not UTF-8
-        0x260,
-        1, // 8: 8,192 messages, each the same 56 KiB text: 470 MB to copy
-        0x270,
-        1, // 9: a messages' list not aligned
-    ]);
+    let modes = words(
+        &[
+            [0x200, 1],       // 0: one prompt, two messages: ok
+            [0xffff_fff4, 1], // 1: the prompts' list past the end of memory
+            [0x202, 1],       // 2: the prompts' list not aligned
+            [0x210, 1],       // 3: a messages' list past the end of memory
+            [0x220, 1],       // 4: a role that is no `role`
+            [0x230, 1],       // 5: a text past the end of memory
+            [0x240, 1],       // 6: a text whose pointer and length overflow 32 bits
+            [0x250, 1],       // 7: a text that is not UTF-8
+            [0x260, 1],       // 8: 8,192 messages quoting one 56 KiB text: 470 MB to copy
+            [0x270, 1],       // 9: a messages' list not aligned
+        ]
+        .concat(),
+    );
     let prompts = [
         (0x200, [0, 0x400, 2]),
         (0x210, [0, 0x400, 0x1000_0000]),
