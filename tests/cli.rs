@@ -418,7 +418,7 @@ fn a_row_at_128_steps_is_compared_with_maporl_at_128_steps() {
         .nth(1)
         .unwrap_or_else(|| panic!("no table of the 128-step rows:\n{table}"));
     let long = long.split("\n\n").next().unwrap();
-    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}]");
+    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}] {{{d:+.3}, {d:+.3}}}");
     let want = format!(
         "| MAPoRL without influence, 128 steps | 0 | {} | {} | {} |",
         cell(0.0),
@@ -454,7 +454,7 @@ fn each_cross_domain_row_is_paired_with_the_untrained_team_on_its_own_family() {
         .nth(1)
         .unwrap_or_else(|| panic!("no paired table:\n{table}"));
     let paired = paired.split("\n\n").next().unwrap();
-    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}]");
+    let cell = |d: f64| format!("{d:+.3} [{d:+.3}, {d:+.3}] {{{d:+.3}, {d:+.3}}}");
     for (label, diff) in [
         ("MAPoRL on addition, on subtraction", [0.0, 1.0, 1.0]),
         ("MAPoRL on subtraction, on addition", [0.0, 0.0, -1.0]),
