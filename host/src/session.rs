@@ -302,7 +302,7 @@ pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
             d.offset + d.count.max(1),
             d.difficulty,
             d.seed.unwrap_or(config.seed),
-        ),
+        )?,
         DataSource::Gsm8k => crate::data::gsm8k(&path)?,
         DataSource::Anli => crate::data::anli(&path)?,
         DataSource::Jsonl => {

@@ -336,7 +336,11 @@ fn family_tasks(
     // Until enough, or 8 batches in a row bring nothing new (the question space is used up).
     while out.len() < count && barren < 8 {
         let before = out.len();
-        for t in crate::data::arithmetic(count, difficulty, stream) {
+        // An enumerated family holds every question once: a batch is at most all of them.
+        let batch = crate::data::distinct_questions(difficulty).map_or(count, |n| count.min(n));
+        let drawn = crate::data::arithmetic(batch, difficulty, stream)
+            .expect("a batch within the family's size");
+        for t in drawn {
             if out.len() < count
                 && !excluded.contains(t.question.as_str())
                 && seen.insert(t.question.clone())
@@ -576,7 +580,7 @@ mod tests {
             warm_start: Some(WarmStartConfig::default()),
             ..Config::default()
         };
-        let run = crate::data::arithmetic(300, 1, 0);
+        let run = crate::data::arithmetic(300, 1, 0).unwrap();
         let teach = teacher_tasks(500, &config, &run);
         assert_eq!(teach.len(), 500);
         let run_q: HashSet<&str> = run.iter().map(|t| t.question.as_str()).collect();

@@ -65,7 +65,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         verifier: Verifier::load(&runtime, &path("gsm8k.wasm")?, &settings, &limits)?,
         shaper: RewardShaper::load(&runtime, &path("influence.wasm")?, &settings, &limits)?,
     };
-    let tasks = maporl::data::arithmetic(args.tasks, args.difficulty, args.seed);
+    let tasks = maporl::data::arithmetic(args.tasks, args.difficulty, args.seed)?;
     // Skills spread from 0.3 to 0.8 so the agents disagree often enough to debate.
     let skill = (0..args.agents)
         .map(|a| 0.3 + 0.5 * f64::from(a) / f64::from(args.agents.max(2) - 1))

@@ -272,7 +272,10 @@ pub struct DataConfig {
     /// The JSONL file (gsm8k, anli, jsonl).
     pub path: String,
     /// Arithmetic difficulty: 1 a + b, 2 a × b + c, 3 (a + b) × c − d, 4 a − b (a second
-    /// task family, for the cross-domain test).
+    /// task family, for the cross-domain test); and three families small enough to draw
+    /// without replacement, so that the held-out and training questions never share one:
+    /// 5 a + b with a in 10-99 and b in 1-9 (810 questions), 6 a + b with both in 2-20
+    /// (361), 7 a + b + c of digits 1-9 (729).
     pub difficulty: u32,
     /// Seeds the arithmetic questions (none: the run's `seed`), so runs with different
     /// seeds can share one question set.
@@ -690,11 +693,11 @@ impl Config {
         if self.data.source == DataSource::Jsonl && self.data.fields.is_none() {
             bail!("data.fields (question, reference, ...) is required for data.source = \"jsonl\"");
         }
-        if self.data.difficulty > 4 {
+        if self.data.difficulty > crate::data::MAX_FAMILY {
             bail!(
-                "data.difficulty = {}: expected 1 (a + b), 2 (a * b + c), 3 ((a + b) * c - d) \
-                 or 4 (a - b)",
-                self.data.difficulty
+                "data.difficulty = {}: expected {}",
+                self.data.difficulty,
+                crate::data::ARITHMETIC_FAMILIES
             );
         }
         if self.debate.agents == 0 || self.debate.turns == 0 {
@@ -778,9 +781,10 @@ impl Config {
         self.verifier.validate()?;
         if let Some(w) = &self.warm_start {
             w.validate()?;
-            if let Some(f) = w.families.iter().find(|&&f| f == 0 || f > 4) {
+            let max = crate::data::MAX_FAMILY;
+            if let Some(f) = w.families.iter().find(|&&f| f == 0 || f > max) {
                 bail!(
-                    "warm_start.families holds {f}: expected arithmetic difficulties from 1 to 4"
+                    "warm_start.families holds {f}: expected arithmetic difficulties from 1 to {max}"
                 );
             }
             if self.data.source != DataSource::Arithmetic {
@@ -1179,12 +1183,12 @@ mod tests {
         assert!(err.contains("on_plugin_error"), "{err}");
         for (text, expected) in [
             (
-                "[data]\ndifficulty = 5\n",
-                "data.difficulty = 5: expected 1",
+                "[data]\ndifficulty = 8\n",
+                "data.difficulty = 8: expected 1 (a + b",
             ),
             (
-                "[warm_start]\nfamilies = [1, 7]\n",
-                "warm_start.families holds 7",
+                "[warm_start]\nfamilies = [1, 8]\n",
+                "warm_start.families holds 8: expected arithmetic difficulties from 1 to 7",
             ),
             (
                 "[train.sft]\nlora_dropout = 1.0\n",

@@ -5,7 +5,7 @@
 mod arithmetic;
 mod fetch;
 
-pub use arithmetic::arithmetic;
+pub use arithmetic::{arithmetic, distinct_questions, FAMILIES as ARITHMETIC_FAMILIES, MAX_FAMILY};
 pub use fetch::{fetch, FETCH_DATASETS, MIRROR_ENV};
 
 use std::path::Path;
