@@ -10,6 +10,9 @@
 //! - `early_stop` (bool, false): end the debate when every agent gave the same valid answer
 //!   at the previous turn;
 //! - `peers` (u32, all): show at most this many other agents, cyclically from agent a+1;
+//! - `echo` (bool, false): a control with no peer information in the debate's own format:
+//!   every answer shown as a peer's is the agent's own answer of that turn (its text, answer
+//!   and score), so the prompts look as in a debate but say nothing the agent did not say;
 //! - `system` (string, none): a system prompt.
 
 use maporl_plugin::prompts::{debate_messages, DebateView};
@@ -32,6 +35,8 @@ pub struct Settings {
     pub early_stop: bool,
     /// Show at most this many other agents (all when unset).
     pub peers: Option<u32>,
+    /// Show the agent's own answer wherever a peer's would be shown.
+    pub echo: bool,
     /// The system prompt (none when unset).
     pub system: Option<String>,
 }
@@ -73,12 +78,30 @@ pub fn plan(
     participants
         .iter()
         .map(|&agent| {
-            Ok(Prompt {
-                agent,
-                messages: debate_messages(PLUGIN, task, transcript, agent, turn, view)?,
-            })
+            let messages = if settings.echo && turn >= 2 {
+                let echoed = echo(transcript, agent);
+                debate_messages(PLUGIN, task, &echoed, agent, turn, view)?
+            } else {
+                debate_messages(PLUGIN, task, transcript, agent, turn, view)?
+            };
+            Ok(Prompt { agent, messages })
         })
         .collect()
+}
+
+/// The transcript as `agent` sees it under `echo`: every other agent's utterance of a turn
+/// says what `agent` said at that turn (text, answer, score); a turn `agent` did not speak
+/// at keeps the others' utterances as they were.
+pub fn echo(transcript: &Transcript, agent: u32) -> Transcript {
+    let mut out = transcript.clone();
+    for u in out.utterances.iter_mut().filter(|u| u.agent != agent) {
+        if let Some(own) = find(transcript, u.turn, agent) {
+            u.text = own.text.clone();
+            u.answer = own.answer.clone();
+            u.score = own.score;
+        }
+    }
+    out
 }
 
 /// `decide`: majority vote over the answers given at `turn`.
@@ -231,6 +254,33 @@ mod tests {
     }
 
     #[test]
+    fn echo_shows_the_agents_own_answers_where_peers_would_be() {
+        let s = Settings {
+            echo: true,
+            ..Settings::default()
+        };
+        let planned = plan(&s, &gsm(), 3, &three_agents_two_turns()).unwrap();
+        let m = &planned[1].messages;
+        // Agent 1's follow-up before turn 2 shows "agents 3 and 1" saying its own turn-1
+        // answer, and its last message its own turn-2 answer, in the debate's format.
+        assert!(m[2]
+            .content
+            .contains("Agent 3: one-1 \\boxed{5}\n\nAgent 1: one-1 \\boxed{5}"));
+        assert!(!m[2].content.contains("zero-1") && !m[2].content.contains("two-1"));
+        let last = &m[4].content;
+        assert!(last.contains("Agent 3: one-2\n\nAgent 1: one-2"), "{last}");
+        assert!(!last.contains("zero-2") && !last.contains("two-2"), "{last}");
+        // The prompts are the debate's: the same as with real peers who said the same.
+        let echoed = echo(&three_agents_two_turns(), 1);
+        let as_debate = plan(&Settings::default(), &gsm(), 3, &echoed).unwrap();
+        assert_eq!(as_debate[1].messages, planned[1].messages);
+        // Turn 1 is unchanged.
+        let first = plan(&s, &gsm(), 1, &transcript(3, 3, vec![])).unwrap();
+        let plain = plan(&Settings::default(), &gsm(), 1, &transcript(3, 3, vec![])).unwrap();
+        assert_eq!(first, plain);
+    }
+
+    #[test]
     fn show_scores_adds_the_reward_note() {
         let s = Settings {
             show_scores: true,
@@ -321,7 +371,7 @@ mod tests {
         let e = Settings::parse(r#"{"peerz": 1}"#).unwrap_err();
         assert_eq!(
             e,
-            "debate: unknown setting `peerz` (did you mean `peers`?); known: show_scores, early_stop, peers, system"
+            "debate: unknown setting `peerz` (did you mean `peers`?); known: show_scores, early_stop, peers, echo, system"
         );
     }
 }
