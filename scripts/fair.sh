@@ -26,6 +26,23 @@
 # maporl-long is the maporl row at four times the budget (128 steps, the learning rate
 # decayed over 128, a checkpoint every 16, all kept); `curve-long` evaluates its checkpoints.
 # maporl-current-long is maporl-current at that budget (the ablation where the curve is flat).
+# The controls (issue 47), outside the default set: off-the-shelf-hidden (the untrained team
+# with peers hidden: `plugins.protocol.settings={peers=0}`); peers-hidden (the same RL with
+# peers hidden, each answer rewarded for its own correctness, evaluated with peers hidden)
+# and peers-hidden-shown (its adapters evaluated with peers shown); the same three with
+# `echo` instead, the debate's format with no peer information (off-the-shelf-echo,
+# peers-echo, peers-echo-shown: the tiny model never saw a prompt without peers, and with
+# peers hidden its untrained team falls from 0.73 to 0.03 at turn 2); single-all (single's
+# adapter, agent 0's, on all three agents: the single row's run is trained first if this
+# checkout has none); vote-6 and vote-9 (evaluation only: one turn, 6 or 9 agents, the
+# majority of independent turn-1 answers: the compute of a 3-agent debate of 2 or 3 turns);
+# sft-matched (SFT at MAPoRL's budget: 512 debates kept, the best 10% of 5,120; 128
+# optimizer steps; lr 2e-4); maporl-t1 and maporl-current-t1 (turn 1 trained too:
+# adapter_from_turn = 1, with and without the influence term); drift-free-before and
+# drift-free (the untrained and the MAPoRL team on a model warm-started longer, MODEL_D with
+# D_WARM, so that the untrained model drifts less from its teachers).
+# ADD_AGENTS=1 runs again the rows whose kept summary has no per-agent record (`agents`),
+# checks that the new evaluation gives the kept credits exactly, and adds the record.
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
 # evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
 # in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair), with the
@@ -51,6 +68,8 @@ CONFIG=configs/fair.toml
 MODEL=runs/fair-model
 MODEL_B=runs/fair-model-b
 MODEL_X=${MODEL_X:-runs/fair-model-x}
+MODEL_D=${MODEL_D:-runs/fair-model-d}
+D_WARM=${D_WARM:-"warm_start.steps=6000"}
 X_WARM=${X_WARM:-"warm_start.families=[1,4]"}
 VERIFIER="$OUT/verifier/checkpoints/final"
 if [ -z "${FAIR_NO_BUILD:-}" ]; then
@@ -106,6 +125,13 @@ if [[ " $ROWS " == *" cross-domain"* || " $ROWS " == *" setup "* ]]; then
     done
     warm_start "$MODEL_X" "${x_settings[@]}"
 fi
+if [[ " $ROWS " == *" drift-free"* || " $ROWS " == *" setup "* ]]; then
+    d_settings=()
+    for setting in $D_WARM; do
+        d_settings+=(--set "$setting")
+    done
+    warm_start "$MODEL_D" "${d_settings[@]}"
+fi
 # The learned verifier: the untrained team's answers at every turn of the training
 # questions, labelled by the rule verifier; LoRA + a head (settings as in scripts/results.sh).
 # Kept like the models (its final checkpoint).
@@ -129,6 +155,7 @@ models_of() {
     case $1 in
     heterogeneous*) echo "$MODEL $MODEL_B" ;;
     cross-domain*) echo "$MODEL_X" ;;
+    drift-free*) echo "$MODEL_D" ;;
     *) echo "$MODEL" ;;
     esac
 }
@@ -136,16 +163,31 @@ models_of() {
 HETERO="agents=[{model=\"$MODEL\"},{model=\"$MODEL_B\"},{model=\"$MODEL\"}]"
 # The ablation of Definition 1: each answer rewarded for its own correctness only.
 CURRENT='plugins.shaper.settings={gamma=0.3,horizon="current"}'
+# The debate with no peer shown: each agent sees only its own earlier answers.
+HIDDEN='plugins.protocol.settings={peers=0}'
+# The debate's own format with no peer information: each answer shown as a peer's is the
+# agent's own (the debate protocol's `echo`, in the checkout's build of it: the pinned
+# build's built-in protocol predates the setting).
+# The component is copied into $OUT once, so that every seed's run uses the same bytes
+# whatever is built later (its sha256 is in each run's plugins.lock).
+ECHO=(--set "plugins.protocol.path=$PWD/$OUT/debate-echo.wasm"
+    --set 'plugins.protocol.settings={echo=true}')
+if [[ " $ROWS " == *"-echo"* ]] && [ ! -f "$OUT/debate-echo.wasm" ]; then
+    cp plugins/target/wasm32-wasip2/release/debate.wasm "$OUT/debate-echo.wasm"
+fi
 # The team for `maporl eval` of row $1: each agent's model and, when checkpoint $2 holds
-# one for it, its adapter.
+# one for it, its adapter (single-all: agent 0's adapter for every agent; vote-N: N agents).
 team() {
-    local row=$1 checkpoint=$2 models=("$MODEL" "$MODEL" "$MODEL") list="" a
+    local row=$1 checkpoint=$2 models=("$MODEL" "$MODEL" "$MODEL") list="" a adapter
     [[ $row == heterogeneous* ]] && models=("$MODEL" "$MODEL_B" "$MODEL")
     [[ $row == cross-domain* ]] && models=("$MODEL_X" "$MODEL_X" "$MODEL_X")
-    for a in 0 1 2; do
+    [[ $row == drift-free* ]] && models=("$MODEL_D" "$MODEL_D" "$MODEL_D")
+    [[ $row == vote-* ]] && for ((a = 3; a < ${row#vote-}; a++)); do models+=("$MODEL"); done
+    for a in "${!models[@]}"; do
         list+="{model=\"${models[$a]}\""
-        [ -n "$checkpoint" ] && [ -d "$checkpoint/agent-$a" ] &&
-            list+=",adapter=\"$checkpoint/agent-$a\""
+        adapter=$checkpoint/agent-$a
+        [ "$row" = single-all ] && adapter=$checkpoint/agent-0
+        [ -n "$checkpoint" ] && [ -d "$adapter" ] && list+=",adapter=\"$adapter\""
         list+="},"
     done
     echo "agents=[${list%,}]"
@@ -177,16 +219,46 @@ for seed in $SEEDS; do
         fi
         dir="$OUT/$row-seed$seed"
         kept="$KEPT/$row-seed$seed.json"
+        adding=""
         if [ -f "$kept" ]; then
-            echo "fair: $kept is done"
-            continue
+            if [ -n "${ADD_AGENTS:-}" ] && ! grep -q '"agents"' "$kept"; then
+                adding=1
+            else
+                echo "fair: $kept is done"
+                continue
+            fi
         fi
         echo "fair: $row, seed $seed ($(date +%T))"
         rm -rf "$dir"
         mkdir -p "$dir"
-        settings=()
+        settings=() eval_settings=() count=512
         case $row in
         off-the-shelf) ;;
+        off-the-shelf-hidden) eval_settings=(--set "$HIDDEN") ;;
+        peers-hidden)
+            settings=(--set "$HIDDEN" --set "$CURRENT")
+            eval_settings=(--set "$HIDDEN")
+            ;;
+        peers-hidden-shown | single-all) ;;
+        vote-6 | vote-9)
+            eval_settings=(--set "debate.agents=${row#vote-}" --set debate.turns=1
+                --set train.adapter_from_turn=1)
+            ;;
+        off-the-shelf-echo) eval_settings=("${ECHO[@]}") ;;
+        peers-echo)
+            settings=("${ECHO[@]}" --set "$CURRENT")
+            eval_settings=("${ECHO[@]}")
+            ;;
+        peers-echo-shown) ;;
+        sft-matched)
+            settings=(--set train.mode=sft --set train.sft.top_fraction=0.1 --set train.sft.epochs=2
+                --set train.sft.batch_size=16 --set train.sft.lr=2e-4)
+            count=5120
+            ;;
+        maporl-t1) settings=(--set train.adapter_from_turn=1) ;;
+        maporl-current-t1) settings=(--set train.adapter_from_turn=1 --set "$CURRENT") ;;
+        drift-free-before) ;;
+        drift-free) settings=(--set "model.path=$MODEL_D") ;;
         heterogeneous-before) ;;
         maporl) settings=(--set train.mode=maporl) ;;
         maporl-long | maporl-current-long)
@@ -212,22 +284,41 @@ for seed in $SEEDS; do
         *)
             echo "fair: unknown row $row (rows: $ALL maporl-long maporl-current-long curve curve-long" \
                 "cross-domain-reverse-before cross-domain-reverse cross-domain-same" \
-                "cross-domain-reverse-same)" >&2
+                "cross-domain-reverse-same off-the-shelf-hidden peers-hidden peers-hidden-shown" \
+                "off-the-shelf-echo peers-echo peers-echo-shown" \
+                "single-all vote-6 vote-9 sft-matched maporl-t1 maporl-current-t1" \
+                "drift-free-before drift-free)" >&2
             exit 2
             ;;
         esac
         run=""
-        if [[ $row == cross-domain*-same ]]; then
-            run="$OUT/${row%-same}-seed$seed/train"
+        if [[ $row == cross-domain*-same || $row == peers-*-shown ]]; then
+            trained=${row%-same}
+            [[ $row == peers-*-shown ]] && trained=${row%-shown}
+            run="$OUT/$trained-seed$seed/train"
             [ -d "$run/checkpoints/final" ] || {
-                echo "fair: $row evaluates $run, which has no final checkpoint: run ${row%-same} first" >&2
+                echo "fair: $row evaluates $run, which has no final checkpoint: run $trained first" >&2
                 exit 1
             }
-        elif [[ $row != *-before && $row != off-the-shelf ]]; then
+        elif [ "$row" = single-all ]; then
+            # The single row's run, trained here when this checkout has none (the same
+            # command as the single row's).
+            run="$OUT/single-seed$seed/train"
+            if [ ! -d "$run/checkpoints/final" ]; then
+                rm -rf "$run"
+                mkdir -p "$OUT/single-seed$seed"
+                "$BIN" train --config "$CONFIG" --set "seed=$seed" --set train.mode=single \
+                    --set data.offset=1000 --set data.count=512 --set data.held_out=0 \
+                    --set "run_dir=$run" >"$OUT/single-seed$seed/train.log" 2>&1 || {
+                    tail -20 "$OUT/single-seed$seed/train.log"
+                    exit 1
+                }
+            fi
+        elif [[ $row != *-before && $row != off-the-shelf* && $row != vote-* ]]; then
             run="$dir/train"
             # The held-out questions are data's first 1,000: training starts after them.
             "$BIN" train --config "$CONFIG" --set "seed=$seed" "${settings[@]}" \
-                --set data.offset=1000 --set data.count=512 --set data.held_out=0 \
+                --set data.offset=1000 --set "data.count=$count" --set data.held_out=0 \
                 --set "run_dir=$run" >"$dir/train.log" 2>&1 || {
                 tail -20 "$dir/train.log"
                 exit 1
@@ -242,12 +333,16 @@ for seed in $SEEDS; do
         cross-domain | cross-domain-before | cross-domain-reverse-same) family=4 ;;
         esac
         "$BIN" eval --config "$CONFIG" --set "seed=$seed" --set "data.difficulty=$family" \
-            --set "$(team "$row" "${run:+$run/checkpoints/final}")" \
+            "${eval_settings[@]}" --set "$(team "$row" "${run:+$run/checkpoints/final}")" \
             --set "run_dir=$dir/eval" >"$dir/eval.log" 2>&1 || {
             tail -20 "$dir/eval.log"
             exit 1
         }
-        python3 scripts/fair_table.py keep "$dir/eval" "$kept" "$BUILD" $(models_of "$row")
+        if [ -n "$adding" ]; then
+            python3 scripts/fair_table.py add-agents "$dir/eval" "$kept"
+        else
+            python3 scripts/fair_table.py keep "$dir/eval" "$kept" "$BUILD" $(models_of "$row")
+        fi
         tail -14 "$dir/eval.log" | head -12
     done
 done

@@ -4,6 +4,7 @@
     python3 scripts/fair_table.py [results/fair] [--resamples 2000]
     python3 scripts/fair_table.py keep RUN_DIR/eval results/fair/ROW-seedS.json BUILD MODEL...
     python3 scripts/fair_table.py keep-curve RUN_DIR/eval results/fair/curve-seedS-step-N.json BUILD MODEL...
+    python3 scripts/fair_table.py add-agents RUN_DIR/eval results/fair/ROW-seedS.json
     python3 scripts/fair_table.py --self-test
 
 The tables read the kept summaries (results/fair, committed: a run's directory under runs/
@@ -108,6 +109,7 @@ from pathlib import Path
 ORDER = [
     "off-the-shelf",
     "off-the-shelf-hidden",
+    "off-the-shelf-echo",
     "vote-6",
     "vote-9",
     "single",
@@ -127,6 +129,8 @@ ORDER = [
     "maporl-learned",
     "peers-hidden",
     "peers-hidden-shown",
+    "peers-echo",
+    "peers-echo-shown",
     "heterogeneous-before",
     "heterogeneous",
     "cross-domain-before",
@@ -141,6 +145,9 @@ ORDER = [
 LABEL = {
     "off-the-shelf": "off-the-shelf (untrained team)",
     "off-the-shelf-hidden": "untrained team, peers hidden",
+    "off-the-shelf-echo": "untrained team, peers echoed (own answers shown as peers')",
+    "peers-echo": "RL with peers echoed (own correctness reward)",
+    "peers-echo-shown": "RL with peers echoed, evaluated with peers shown",
     "vote-6": "vote over 6 independent turn-1 answers",
     "vote-9": "vote over 9 independent turn-1 answers",
     "single": "single-agent RL (agent 0 learns)",
@@ -183,10 +190,11 @@ BASE = {
     "cross-domain-reverse": "cross-domain-reverse-before",
     "cross-domain-same": "cross-domain-reverse-before",
     "peers-hidden": "off-the-shelf-hidden",
+    "peers-echo": "off-the-shelf-echo",
     "drift-free": "drift-free-before",
 }
 # Rows that are an untrained team (besides every *-before row): never a trained row.
-UNTRAINED = {"off-the-shelf", "off-the-shelf-hidden"}
+UNTRAINED = {"off-the-shelf", "off-the-shelf-hidden", "off-the-shelf-echo"}
 # Further pairs for the table of differences from an untrained team: (row, untrained team,
 # label). peers-hidden against the untrained team with peers shown, beside its own.
 EXTRA_BASE = [
@@ -194,6 +202,11 @@ EXTRA_BASE = [
         "peers-hidden",
         "off-the-shelf",
         "RL with peers hidden (own correctness reward), against the untrained team with peers shown",
+    ),
+    (
+        "peers-echo",
+        "off-the-shelf",
+        "RL with peers echoed (own correctness reward), against the untrained team with peers shown",
     ),
 ]
 # The rows that are not a model on fair-model beside MAPoRL (another model, or a vote).
@@ -315,6 +328,24 @@ def keep(eval_dir, out, build, *models):
         "rates": [[t, kind, moved, of] for (t, kind), (moved, of) in sorted(report["rates"].items())],
     }
     write_json(Path(out), summary)
+
+
+def add_agents(eval_dir, kept):
+    """Adds the per-agent record ("agents") of a new evaluation to a summary kept without
+    one, once the evaluation is shown to be the kept one: every question's credits and the
+    rates must be equal, else nothing is written."""
+    credits, _, report = read_eval(Path(eval_dir))
+    path = Path(kept)
+    summary = json.loads(path.read_text())
+    rates = [[t, kind, moved, of] for (t, kind), (moved, of) in sorted(report["rates"].items())]
+    if credits != summary["credits"] or rates != summary["rates"]:
+        differ = sum(1 for q, c in summary["credits"].items() if credits.get(q) != c)
+        sys.exit(
+            f"fair_table: {eval_dir} is not the evaluation kept in {kept} ({differ} of "
+            f"{len(summary['credits'])} questions' credits differ): nothing added"
+        )
+    summary["agents"] = report["agents"]
+    write_json(path, summary)
 
 
 def keep_curve(eval_dir, out, build, *models):
@@ -1004,6 +1035,11 @@ def main():
         if len(args) < 5:
             sys.exit(f"fair_table: usage: {args[0]} EVAL_DIR OUT.json BUILD MODEL...")
         (keep if args[0] == "keep" else keep_curve)(*args[1:])
+        return
+    if args and args[0] == "add-agents":
+        if len(args) != 3:
+            sys.exit("fair_table: usage: add-agents EVAL_DIR KEPT.json")
+        add_agents(*args[1:])
         return
     if args and args[0] == "--self-test":
         try:
