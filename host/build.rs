@@ -71,14 +71,40 @@ fn main() {
         });
         let sha256 = hex(&Sha256::digest(&bytes));
         std::fs::write(out.join(file), &bytes).unwrap();
+        let docs = plugin_docs(repo, name, world);
         table.push_str(&format!(
             "    Builtin {{ name: {name:?}, file: {file:?}, world: World::{world}, \
-             sha256: {sha256:?}, bytes: include_bytes!(concat!(env!(\"OUT_DIR\"), \
+             sha256: {sha256:?}, docs: {docs:?}, bytes: include_bytes!(concat!(env!(\"OUT_DIR\"), \
              \"/builtin/{file}\")) }},\n"
         ));
     }
     table.push_str("];\n");
     std::fs::write(out.join("table.rs"), table).unwrap();
+}
+
+/// The module documentation (the leading `//!` lines) of the reference plugin `name` of
+/// world `world`: what it does and its settings, for `maporl reference plugins`. Empty when
+/// the sources are not beside the build (prebuilt components).
+fn plugin_docs(repo: &Path, name: &str, world: &str) -> String {
+    let group = match world {
+        "Protocol" => "protocols",
+        "Verifier" => "verifiers",
+        _ => "shapers",
+    };
+    let src = repo
+        .join("plugins")
+        .join(group)
+        .join(name)
+        .join("src/lib.rs");
+    let Ok(text) = std::fs::read_to_string(&src) else {
+        return String::new();
+    };
+    println!("cargo:rerun-if-changed={}", src.display());
+    text.lines()
+        .map_while(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `cargo build --release --target wasm32-wasip2` on the plugin workspace, into

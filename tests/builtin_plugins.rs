@@ -49,8 +49,8 @@ fn a_copied_binary_runs_the_reference_plugins_it_carries() {
     let cwd = dir.path().join("elsewhere");
     std::fs::create_dir_all(&cwd).unwrap();
 
-    // The scripted demo debates through debate, gsm8k and influence.
-    let out = run(&bin, &cwd, &["demo", "--tasks", "3", "--turns", "2"]);
+    // `maporl scripted` debates through debate, gsm8k and influence.
+    let out = run(&bin, &cwd, &["scripted", "--tasks", "3", "--turns", "2"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("majority accuracy"), "{}", text(&out));
 

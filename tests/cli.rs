@@ -126,8 +126,8 @@ fn call_runs_one_function_and_prints_json() {
 }
 
 #[test]
-fn demo_runs_debates_through_the_reference_plugins() {
-    let out = maporl(&["demo", "--tasks", "3", "--seed", "4"]);
+fn scripted_runs_debates_through_the_reference_plugins() {
+    let out = maporl(&["scripted", "--tasks", "3", "--seed", "4"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
@@ -140,9 +140,18 @@ fn demo_runs_debates_through_the_reference_plugins() {
         assert!(text.contains(&format!("turn {turn} team answer")), "{text}");
     }
     assert_eq!(
-        stdout(&maporl(&["demo", "--tasks", "3", "--seed", "4"])),
+        stdout(&maporl(&["scripted", "--tasks", "3", "--seed", "4"])),
         text,
         "deterministic"
+    );
+    // The old name says where the command went, and where the main job is.
+    let old = maporl(&["demo", "--tasks", "3"]);
+    assert!(!old.status.success());
+    assert!(
+        stderr(&old).contains("`maporl demo` is now `maporl scripted`")
+            && stderr(&old).contains("cargo xtask demo"),
+        "{}",
+        stderr(&old)
     );
 }
 
@@ -158,6 +167,22 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
         let dir = work.path().join(name);
         let out = maporl(&["plugin", "new", kind, name, "--path", dir.to_str().unwrap()]);
         assert!(out.status.success(), "{}", stderr(&out));
+        // It prints the whole loop: test, build, check, an example input, a call, a run.
+        let func = match kind {
+            "protocol" => "plan-turn",
+            "verifier" => "score",
+            _ => "shape",
+        };
+        let steps = stdout(&out);
+        for step in [
+            "cargo test".to_string(),
+            "cargo build --release --target wasm32-wasip2".to_string(),
+            format!("--world {world}"),
+            format!("maporl plugin call --example {func}"),
+            "maporl train --config configs/quickstart.toml --set plugins.".to_string(),
+        ] {
+            assert!(steps.contains(&step), "{step}:\n{steps}");
+        }
         assert_eq!(
             std::fs::read_to_string(dir.join("vendor/maporl-plugin/wit/maporl.wit")).unwrap(),
             maporl::plugin::WIT,
@@ -184,6 +209,22 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
         ));
         let out = maporl(&["plugin", "check", wasm.to_str().unwrap(), "--world", world]);
         assert!(out.status.success(), "{}", stderr(&out));
+        // The printed example is an input the new plugin takes.
+        let example = maporl(&["plugin", "call", "--example", func]);
+        assert!(example.status.success(), "{}", stderr(&example));
+        let called = maporl(&[
+            "plugin",
+            "call",
+            wasm.to_str().unwrap(),
+            func,
+            "--input",
+            &stdout(&example),
+        ]);
+        assert!(
+            called.status.success(),
+            "{kind} {func}: {}",
+            stderr(&called)
+        );
         if kind == "verifier" {
             // The SDK's glue in a real component: typed settings reach the plugin, and a
             // misspelt key fails `configure` by name.

@@ -701,8 +701,33 @@ fn judge_refuses_more_work_than_a_call_may_ask_for() {
     }
     let counting = Arc::new(Counting(Default::default()));
     let (rt, _, _c) = runtime_with(0, Some(counting.clone()));
+    // Under the default data budget a 16 MiB question never reaches the host's judge: it is
+    // refused while the host reads the call's arguments.
+    let mut v = verifier(
+        &rt,
+        &Limits {
+            memory_mib: 256,
+            ..Limits::default()
+        },
+    );
+    let err = v
+        .score(&hostile("judge-long-question"), &["5".into()])
+        .unwrap_err();
+    let f = failure(
+        err,
+        "hostile_verifier.wasm",
+        "verifier",
+        "score",
+        "task-judge-long-question",
+    );
+    assert!(
+        matches!(&f, Failure::Invalid(m) if m.contains("max_result_kib")),
+        "{f:?}"
+    );
+    // With a budget that lets them through, the judge's own bounds refuse them.
     let limits = Limits {
         memory_mib: 256,
+        max_result_kib: 64 << 10,
         ..Limits::default()
     };
     let mut v = verifier(&rt, &limits);
@@ -972,8 +997,29 @@ fn results_that_type_check_but_make_no_sense_are_refused() {
         );
     }
     assert_eq!(p.decide(&hostile("fine"), 1, &said).unwrap(), vec!["5"]);
-    // A prompt of 8 MiB is refused before anything tokenizes it, by the configured bound.
+    // A plan of 16 MiB (8 MiB for each of two agents) is refused while the host reads it,
+    // by the call's data budget; with a budget that holds it, by the bound on one prompt,
+    // before anything tokenizes it.
     let err = p
+        .plan_turn(&hostile("huge-prompt"), 1, &transcript(2, 3, vec![]))
+        .unwrap_err();
+    let f = failure(
+        err,
+        "hostile_protocol.wasm",
+        "protocol",
+        "plan-turn",
+        "task-huge-prompt",
+    );
+    assert!(
+        matches!(&f, Failure::Invalid(m) if m.contains("max_result_kib = 4096 KiB")),
+        "{f:?}"
+    );
+    let wide = Limits {
+        max_result_kib: 64 << 10,
+        memory_mib: 256,
+        ..Limits::default()
+    };
+    let err = protocol(&rt, &wide)
         .plan_turn(&hostile("huge-prompt"), 1, &transcript(2, 3, vec![]))
         .unwrap_err();
     let f = failure(
@@ -989,6 +1035,7 @@ fn results_that_type_check_but_make_no_sense_are_refused() {
     );
     let roomy = Limits {
         max_prompt_bytes: 16 << 20,
+        max_result_kib: 64 << 10,
         memory_mib: 256,
         ..Limits::default()
     };
@@ -1016,6 +1063,111 @@ fn results_that_type_check_but_make_no_sense_are_refused() {
         assert!(
             matches!(&f, Failure::Invalid(m) if m.contains(needle) && m.contains("max_abs_reward")),
             "{mode}: {f:?}"
+        );
+    }
+    assert_eq!(s.shape(&hostile("fine"), &said).unwrap().len(), 2);
+}
+
+/// What the host keeps of a plugin's results is bounded, in every world and whatever the
+/// shape: an answer over `max_answer_bytes` (from `extract` and from `score`), a result over
+/// the call's data budget (`max_result_kib`: refused while the host reads it, before it holds
+/// it), more reward parts than `max_reward_parts`, a part name over `max_part_name_bytes` or
+/// over the data budget. Each is refused naming the plugin, world, function, task and key,
+/// and the next call on the same handle behaves.
+#[test]
+fn results_the_host_keeps_are_bounded_in_every_world() {
+    let (rt, _, _c) = runtime();
+    let limits = Limits {
+        memory_mib: 256,
+        ..Limits::default()
+    };
+    let mut v = verifier(&rt, &limits);
+    for (mode, key) in [
+        ("long-answer", "max_answer_bytes = 1024"),
+        ("huge-answer", "max_result_kib = 4096"),
+    ] {
+        let err = v.extract(&hostile(mode), "5").unwrap_err();
+        let f = failure(
+            err,
+            "hostile_verifier.wasm",
+            "verifier",
+            "extract",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Invalid(m) if m.contains(key)),
+            "{mode}: {f:?}"
+        );
+        let err = v
+            .score(&hostile(mode), &["5".into(), "6".into()])
+            .unwrap_err();
+        let f = failure(
+            err,
+            "hostile_verifier.wasm",
+            "verifier",
+            "score",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Invalid(m) if m.contains(key)),
+            "{mode}: {f:?}"
+        );
+        assert!(
+            f.to_string().len() < 2_000,
+            "{mode}: the message stays short"
+        );
+    }
+    assert_eq!(
+        v.score(&hostile("fine"), &["5".into()]).unwrap()[0]
+            .answer
+            .as_deref(),
+        Some("5")
+    );
+    // The bound is the config's: a verifier allowed longer answers keeps them.
+    let mut lenient = verifier(
+        &rt,
+        &Limits {
+            max_answer_bytes: 4096,
+            ..limits.clone()
+        },
+    );
+    assert_eq!(
+        lenient
+            .extract(&hostile("long-answer"), "5")
+            .unwrap()
+            .map(|a| a.len()),
+        Some(2 << 10)
+    );
+
+    let mut s = shaper(&rt, &limits);
+    let said = transcript(
+        2,
+        3,
+        vec![
+            utterance(1, 0, Some("5"), 1.0, true),
+            utterance(1, 1, Some("6"), 0.0, false),
+        ],
+    );
+    for (mode, key) in [
+        ("many-parts", "max_reward_parts = 32"),
+        ("long-part-name", "max_part_name_bytes = 64"),
+        ("huge-part-name", "max_result_kib = 4096"),
+    ] {
+        let err = s.shape(&hostile(mode), &said).unwrap_err();
+        let f = failure(
+            err,
+            "hostile_shaper.wasm",
+            "reward-shaper",
+            "shape",
+            &format!("task-{mode}"),
+        );
+        assert!(
+            matches!(&f, Failure::Invalid(m) if m.contains(key)),
+            "{mode}: {f:?}"
+        );
+        assert!(
+            f.to_string().len() < 2_000,
+            "{mode}: the message stays short"
         );
     }
     assert_eq!(s.shape(&hostile("fine"), &said).unwrap().len(), 2);
@@ -1193,10 +1345,8 @@ fn a_plan_that_lies_about_the_guests_memory_is_refused_as_wasmtime_refuses_it() 
         (5, "string pointer/length out of bounds of memory"),
         (6, "string pointer/length out of bounds of memory"),
         (7, "invalid utf-8"),
-        (
-            8,
-            "too much data is being copied between the host and the guest",
-        ),
+        // wasmtime's host-call data budget, told as the limit that sets it.
+        (8, "larger than limits.max_result_kib = 4096 KiB"),
         (9, "list pointer is not aligned"),
     ];
     for encoding in ["utf8", "utf16"] {

@@ -37,7 +37,7 @@ const TURNS: usize = 3;
 const GAMMA: f64 = 0.3;
 /// The paper's "persuading others with correct answers" incentive.
 const BETA_1: f64 = 2.0;
-/// GAE inside each response, as PAPER.md §5.
+/// GAE inside each response, as in the paper (arXiv 2502.18439).
 const GAE_GAMMA: f32 = 1.0;
 const GAE_LAMBDA: f32 = 0.95;
 

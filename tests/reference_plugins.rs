@@ -279,7 +279,7 @@ fn anli_reads_labels() {
     let verdicts = v.score(&t, &texts).unwrap();
     assert_eq!(verdicts[0].answer.as_deref(), Some("neutral"));
     assert!(verdicts[0].correct);
-    // Without a box the whole answer must be a label (PAPER.md §1).
+    // Without a box the whole answer must be a label (arXiv 2502.18439).
     assert_eq!(verdicts[1].answer, None);
     assert_eq!(verdicts[2].answer.as_deref(), Some("contradiction"));
     assert_eq!(verdicts[3].answer, None);
@@ -304,7 +304,7 @@ fn exact_match_normalises() {
     assert!(v.score(&t, &["An Eiffel  tower".into()]).unwrap()[0].correct);
 }
 
-/// PAPER.md §3 worked example, T = 3, gamma = 0.3, two agents.
+/// The paper's worked example (arXiv 2502.18439, Definition 1), T = 3, gamma = 0.3, two agents.
 #[test]
 #[allow(clippy::needless_range_loop)] // indexes the score table by agent and turn
 fn influence_reward_reproduces_the_worked_example() {

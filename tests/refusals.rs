@@ -115,3 +115,136 @@ fn a_refused_verifier_training_leaves_no_run_directory() {
         "/nonexistent/verifier-model",
     );
 }
+
+/// `maporl` with `args`, in the repository, without the test plugin directory.
+fn maporl(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("MAPORL_PLUGINS")
+        .output()
+        .unwrap()
+}
+
+/// An error names the command or the key that fixes it: a model the config's [warm_start]
+/// makes, a hub model written without `hf:`, a dataset `data fetch` downloads, a plugin
+/// name one letter off, a run to resume that does not exist, the old name of a command.
+#[test]
+fn errors_name_what_fixes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-model");
+    let missing = missing.to_str().unwrap();
+    let quickstart = "configs/quickstart.toml";
+    let smollm2 = "configs/smollm2-arith.toml";
+    let run = dir.path().join("run");
+    let run_dir = format!("run_dir={}", run.display());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "eval".into(),
+                "--config".into(),
+                quickstart.into(),
+                "--set".into(),
+                format!("model.path={missing}"),
+                "--set".into(),
+                run_dir.clone(),
+            ],
+            "this config has a [warm_start] section that makes it: run `maporl warm-start",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--config".into(),
+                smollm2.into(),
+                "--set".into(),
+                "model.path=HuggingFaceTB/SmolLM2-360M".into(),
+                "--set".into(),
+                run_dir.clone(),
+            ],
+            r#"write model.path = "hf:HuggingFaceTB/SmolLM2-360M""#,
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--config".into(),
+                "configs/gsm8k-debate.toml".into(),
+                "--set".into(),
+                format!("data.path={missing}/test.jsonl"),
+                "--set".into(),
+                run_dir.clone(),
+            ],
+            "`maporl data fetch gsm8k DIR` downloads",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--config".into(),
+                quickstart.into(),
+                "--set".into(),
+                "plugins.shaper.path=final-onyl".into(),
+                "--set".into(),
+                run_dir.clone(),
+            ],
+            "(did you mean `final-only`?)",
+        ),
+        (
+            vec![
+                "train".into(),
+                "--config".into(),
+                quickstart.into(),
+                "--resume".into(),
+                "--set".into(),
+                run_dir.clone(),
+            ],
+            "does not exist, so there is no run to continue",
+        ),
+        (vec!["demo".into()], "is now `maporl scripted`"),
+        (
+            vec![
+                "eval".into(),
+                "--config".into(),
+                quickstart.into(),
+                "--set".into(),
+                "data.count=300000000".into(),
+            ],
+            "data.count = 300000000: expected at most 10000000",
+        ),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = maporl(&args);
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?} ran:\n{t}");
+        assert!(t.contains(needle), "{args:?}: no `{needle}` in:\n{t}");
+        assert!(!run.exists(), "{args:?} left {}", run.display());
+    }
+}
+
+/// `maporl config show` prints the config a run would use: the file with every default and
+/// every `--set` applied, as TOML that loads back to the same config.
+#[test]
+fn config_show_prints_the_resolved_config_which_loads_back_unchanged() {
+    let out = maporl(&[
+        "config",
+        "show",
+        "--config",
+        "configs/quickstart.toml",
+        "--set",
+        "train.steps=3",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = String::from_utf8(out.stdout).unwrap();
+    let table: toml::Table = toml::from_str(&shown).unwrap();
+    assert_eq!(table["train"]["steps"].as_integer(), Some(3), "the --set");
+    assert_eq!(
+        table["train"]["ppo"]["clip"].as_float(),
+        Some(0.2),
+        "a default the file does not set"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shown.toml");
+    std::fs::write(&file, &shown).unwrap();
+    let again = maporl(&["config", "show", "--config", file.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), shown);
+}

@@ -358,11 +358,11 @@ fn training_plots_carry_the_metrics_and_absent_parts_are_named() {
 
     // What a training run lacks is said, not left blank.
     assert!(
-        html.contains("No eval.json in this run directory"),
+        html.contains("No eval.json (`maporl eval`) and no held-out"),
         "{html}"
     );
     assert!(html.contains("no transitions between turns"));
-    assert!(html.contains("No transcripts.jsonl in this run directory"));
+    assert!(html.contains("No transcripts in this run directory"));
     assert!(!html.contains(r#"id="transcript-data""#));
     assert!(html.contains("Checkpoints: step-000002"));
     assert!(html.contains("5 steps, 8 debates per step, 2 turns"));
@@ -488,6 +488,113 @@ fn evaluation_shows_table_transitions_and_every_transcript_escaped() {
     // And nothing can load from the network: the policy allows no source at all.
     assert!(html.contains("default-src 'none'"));
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+}
+
+/// A training run with held-out tasks (what `maporl train` writes with data.held_out > 0):
+/// eval-before.json and eval-after.json with their transcripts.
+fn held_out_run(dir: &Path) -> (Vec<Debate>, Vec<Debate>) {
+    training_run(dir, &metrics(3));
+    let before = debates();
+    // After training the wrong debate ends right: the same tasks, other answers.
+    let mut after = debates();
+    after[1] = debate(
+        "t-wrong",
+        "What is 3 + 4?",
+        "7",
+        [["7", "8"], ["7", "7"]],
+        vec![vec!["7", "8"], vec!["7"]],
+        "Corrected.",
+    );
+    for (name, set) in [("before", &before), ("after", &after)] {
+        let report = maporl::eval::evaluate(set);
+        std::fs::write(
+            dir.join(format!("eval-{name}.json")),
+            serde_json::to_string_pretty(&report).unwrap(),
+        )
+        .unwrap();
+        let lines: String = set
+            .iter()
+            .map(|d| format!("{}\n", serde_json::to_value(d).unwrap()))
+            .collect();
+        std::fs::write(dir.join(format!("transcripts-{name}.jsonl")), lines).unwrap();
+    }
+    (before, after)
+}
+
+/// The report of a training run shows its held-out evaluations: the paired table `maporl
+/// train` prints (the same numbers), each evaluation's table with the conditional rates and
+/// its charts, and both evaluations' transcripts, told apart.
+#[test]
+fn held_out_evaluations_are_shown_paired_with_both_transcripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("train-run");
+    let (before, after) = held_out_run(&run);
+    let html = page(&run);
+
+    let paired = maporl::eval::paired(&before, &after, 10_000, 0).unwrap();
+    let table = &html[html.find(r#"id="paired-table""#).expect("no paired table")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    for t in &paired.turns {
+        let row = format!(
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:+.3} [{:+.3}, {:+.3}]</td>",
+            t.turn, t.first, t.second, t.difference, t.low, t.high
+        );
+        assert!(table.contains(&row), "{row}\n{table}");
+    }
+    assert!(
+        paired.turns[1].difference > 0.0,
+        "the fixture improves at turn 2"
+    );
+
+    for (name, set) in [("before", &before), ("after", &after)] {
+        let report = maporl::eval::evaluate(set);
+        assert!(html.contains(&format!("Held-out tasks, {name} training")));
+        let majority: Vec<(f64, f64)> = report
+            .turns
+            .iter()
+            .map(|t| (t.turn as f64, t.majority_accuracy))
+            .collect();
+        assert_series(
+            chart(&html, &format!("eval-accuracy-{name}")),
+            "majority",
+            &majority,
+        );
+        let transitions = chart(&html, &format!("transitions-{name}"));
+        assert_eq!(tags(transitions, "rect").len(), 4);
+    }
+    // The conditional rates the command line prints are rows of the tables too.
+    assert!(html.contains("<th>P(W→R | wrong, a peer right)</th><td>-</td>"));
+    assert!(html.contains("<th>P(R→W | right, a peer wrong)</th><td>-</td>"));
+    // A move to a right answer is green, to a wrong one red, in the bars and the legend.
+    let transitions = chart(&html, "transitions-after");
+    for (series, colour) in [("wrong → right", "#2ca02c"), ("right → wrong", "#d62728")] {
+        let bar = tags(transitions, "rect")
+            .into_iter()
+            .find(|b| attr(b, "data-series") == series)
+            .unwrap();
+        assert_eq!(attr(bar, "fill"), colour, "{series}");
+    }
+
+    // Both evaluations' transcripts, each debate tagged with its evaluation.
+    let data = embedded(&html);
+    assert_eq!(data["sets"], json!(["before", "after"]));
+    let tasks = data["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), before.len() + after.len());
+    let keys: Vec<&str> = tasks.iter().map(|t| t["key"].as_str().unwrap()).collect();
+    assert_eq!(
+        keys,
+        [
+            "before/t-right",
+            "before/t-wrong",
+            "before/t-evil",
+            "after/t-right",
+            "after/t-wrong",
+            "after/t-evil"
+        ]
+    );
+    assert_eq!(tasks[1]["outcome"], json!(["tie", "wrong"]));
+    assert_eq!(tasks[4]["outcome"], json!(["tie", "right"]));
+    assert!(html.contains("held-out evaluation before training: 3 tasks"));
 }
 
 #[test]
@@ -651,6 +758,27 @@ fn chromium_renders_filters_and_expands_transcripts_and_runs_none_of_them() {
     let dom = dump_dom(&file, "#task=evil");
     assert_eq!(shown_debates(&dom), ["t-evil"]);
 
+    // A training run's page: the paired table, and the transcripts of either evaluation.
+    let trained = dir.path().join("train-run");
+    held_out_run(&trained);
+    page(&trained);
+    let trained = trained.join("report.html");
+    let dom = dump_dom(&trained, "");
+    assert_eq!(count(&dom), "6 of 6 debates match", "{dom}");
+    assert!(dom.contains(r#"id="paired-table""#), "{dom}");
+    assert!(
+        !dom.contains(r#"id="filter-set-label" hidden"#),
+        "the filter shows: {dom}"
+    );
+    // After training every debate ends right at turn 2; before, one ends wrong.
+    let dom = dump_dom(&trained, "#set=after&outcome=right&turn=2");
+    assert_eq!(count(&dom), "3 of 6 debates match", "{dom}");
+    assert_eq!(shown_debates(&dom), ["t-right", "t-wrong", "t-evil"]);
+    let dom = dump_dom(&trained, "#set=before&outcome=wrong&turn=2");
+    assert_eq!(shown_debates(&dom), ["t-wrong"]);
+    let dom = dump_dom(&trained, "#set=before&open=before/t-wrong");
+    assert_eq!(dom.matches(r#"<div class="utterance""#).count(), 4, "{dom}");
+
     // Expanding the hostile debate renders its turns, utterances and prompts as text.
     let dom = dump_dom(&file, "#open=t-evil");
     let turns: Vec<String> = tags(&dom, "details")
@@ -690,7 +818,9 @@ fn reports_real_training_and_evaluation_runs() {
             format!("model.path={}", model.display()),
             format!("run_dir={}", dir.path().join(run).display()),
             "train.steps=2".into(),
-            "data.count=2".into(),
+            // Training holds one task out, evaluated before and after.
+            format!("data.count={}", if command == "train" { 3 } else { 2 }),
+            format!("data.held_out={}", if command == "train" { 1 } else { 0 }),
             "debate.batch_size=2".into(),
             "debate.turns=2".into(),
             "generation.max_new_tokens=6".into(),
@@ -705,13 +835,45 @@ fn reports_real_training_and_evaluation_runs() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if command == "train" {
+            // Off a terminal (here, a pipe) there is no bar: a line a step, with what it
+            // measured and an estimate of what is left.
+            let printed = String::from_utf8_lossy(&out.stdout);
+            for step in ["step 1/2: reward ", "step 2/2: reward "] {
+                let line = printed
+                    .lines()
+                    .find(|l| l.starts_with(step))
+                    .unwrap_or_else(|| panic!("no `{step}` line in:\n{printed}"));
+                for part in [
+                    "accuracy by turn",
+                    "KL ",
+                    "(agent 0)",
+                    "(agent 1)",
+                    " s, ETA ",
+                ] {
+                    assert!(line.contains(part), "{part}: {line}");
+                }
+            }
+        }
     }
     let html = page(&dir.path().join("train-run"));
     let accuracy = chart(&html, "accuracy");
     assert_eq!(polyline(accuracy, "turn 1").len(), 2);
     assert_eq!(polyline(accuracy, "turn 2").len(), 2);
     assert_eq!(polyline(chart(&html, "kl"), "agent 1").len(), 2);
-    assert!(html.contains("No transcripts.jsonl"));
+    // What `maporl train` writes of its held-out task is on the page: both evaluations,
+    // paired, and their transcripts.
+    assert!(html.contains(r#"id="paired-table""#), "{html}");
+    assert!(
+        html.contains("held-out evaluation before training: 1 tasks"),
+        "{html}"
+    );
+    assert!(
+        html.contains("held-out evaluation after training: 1 tasks"),
+        "{html}"
+    );
+    assert_eq!(embedded(&html)["sets"], json!(["before", "after"]));
+    assert_eq!(embedded(&html)["tasks"].as_array().unwrap().len(), 2);
 
     let html = page(&dir.path().join("eval-run"));
     assert_eq!(embedded(&html)["tasks"].as_array().unwrap().len(), 2);
@@ -747,7 +909,7 @@ fn sft_runs_plot_loss_per_agent_and_list_their_transcripts() {
         assert_series(loss, &format!("agent {agent}"), &values);
     }
     assert_eq!(embedded(&html)["tasks"].as_array().unwrap().len(), 3);
-    assert!(html.contains("No eval.json in this run directory"));
+    assert!(html.contains("No eval.json (`maporl eval`)"));
     assert!(
         !html.contains(r#"data-chart="accuracy""#),
         "no PPO steps, no PPO plots"

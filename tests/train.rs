@@ -7,6 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::json;
 use support::*;
 
 /// `maporl train` on the quickstart config, shrunk to a tiny run; returns the process output.
@@ -456,6 +457,34 @@ fn a_resume_refuses_another_config_or_plugin_and_a_fresh_run_refuses_a_used_dir(
         "{}",
         text(&out)
     );
+
+    // A checkpoint whose state contradicts the config is refused, not resumed into doing
+    // nothing: more steps done than the run has, tasks handed out that its steps did not
+    // take, more metrics lines than steps. The file is put back after each.
+    let latest = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("state.json").is_file())
+        .expect("a checkpoint");
+    let state_file = latest.join("state.json");
+    let saved = std::fs::read_to_string(&state_file).unwrap();
+    for (key, value, needle) in [
+        (
+            "step",
+            json!(1_000_000_000_000_000u64),
+            "train.steps must be at least",
+        ),
+        ("data_cursor", json!(7), "tasks handed out"),
+        ("metrics_lines", json!(9), "metrics lines"),
+    ] {
+        let mut state: serde_json::Value = serde_json::from_str(&saved).unwrap();
+        state[key] = value;
+        std::fs::write(&state_file, state.to_string()).unwrap();
+        let out = run_train(&run, &model, &["--resume"], &[]);
+        assert!(!out.status.success(), "{key}: {}", text(&out));
+        assert!(text(&out).contains(needle), "{key}: {}", text(&out));
+    }
+    std::fs::write(&state_file, &saved).unwrap();
 
     let out = run_train(
         &run,

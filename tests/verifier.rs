@@ -298,6 +298,93 @@ fn a_trained_verifier_scores_runs_and_every_run_records_its_checkpoint() {
     assert_eq!(eval["verifier_checkpoint_sha256"], sha.as_str());
 }
 
+/// Host work done for a plugin is held to the plugin's deadline, and a long response costs
+/// no more than the end of it the verifier reads: 256 responses of 64 KiB (inside every
+/// per-call bound) through `judge` return within the call's deadline and a batch, where
+/// tokenizing every response whole held the host for half a minute; and a response's score
+/// depends only on its end (what `max_response_tokens` keeps), not on what comes before.
+#[test]
+fn judge_work_stops_at_the_callers_deadline_and_long_responses_cost_their_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("answers.jsonl");
+    write_jsonl(&data, &synthetic(16, 2, 2)).unwrap();
+    let mut opts = options(&model, &data, &dir.path().join("v"));
+    opts.train.epochs = 1;
+    let final_dir = train(&opts, &AtomicBool::new(false))
+        .unwrap()
+        .final_dir
+        .unwrap();
+    let served =
+        maporl::verifier::LearnedVerifier::load(&model, &final_dir, DType::F32, &Device::Cpu, 8)
+            .unwrap();
+
+    // Only the end is read: two 64 KiB responses that differ in all but their last 32 KiB
+    // (far more than the 512 tokens the verifier keeps) score the same.
+    let end = "7 ".repeat(16 << 10) + "so \\boxed{3}";
+    let a = "a ".repeat(16 << 10) + &end;
+    let b = "zz".repeat(16 << 10) + &end;
+    let p = served
+        .probabilities(&[
+            ("What is 1 + 2?", a.as_str()),
+            ("What is 1 + 2?", b.as_str()),
+        ])
+        .unwrap();
+    assert_eq!(
+        p[0], p[1],
+        "the score of a long response depends on its end only"
+    );
+
+    // A judge call past its deadline stops, between pairs and batches, with what it did.
+    let wide: Vec<String> = (0..256).map(|i| format!("{i} {a}")).collect();
+    let started = std::time::Instant::now();
+    let err = maporl::plugin::Judge::judge_until(
+        &served,
+        "What is 1 + 2?",
+        &wide,
+        started + std::time::Duration::from_millis(5),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("deadline passed with") && err.contains("of 256"),
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs_f64() < 5.0, "{:?}", started.elapsed());
+
+    // The wide judge call, through a real plugin, under a deadline of one second.
+    let served = std::sync::Arc::new(served);
+    let (rt, _, _c) = support::runtime_with(0, Some(served));
+    let limits = maporl::plugin::Limits {
+        deadline_ms: 1000,
+        memory_mib: 256,
+        max_result_kib: 64 << 10,
+        ..maporl::plugin::Limits::default()
+    };
+    let mut v = maporl::plugin::Verifier::load(
+        &rt,
+        &support::plugin("hostile_verifier"),
+        &serde_json::json!({}),
+        &limits,
+    )
+    .unwrap();
+    let task = support::task("wide", "gsm8k", "judge-wide", "3");
+    let started = std::time::Instant::now();
+    let outcome = v.score(&task, &["3".to_string()]);
+    let took = started.elapsed();
+    // Generous for a loaded 2-core machine; tokenizing every response whole took 26-37 s.
+    assert!(
+        took.as_secs_f64() < 10.0,
+        "the judge call held the host {took:?}"
+    );
+    if let Err(e) = outcome {
+        let e = e.to_string();
+        assert!(
+            e.contains("deadline") && e.contains("task `wide`") && e.contains("score"),
+            "{e}"
+        );
+    }
+}
+
 /// The benchmark in BENCHMARKS.md: scoring throughput of a verifier on SmolLM2-135M (LoRA
 /// r16 on every projection, as trained), against batched generation by the same model in
 /// the same process. Run: cargo test --release -p maporl --test verifier -- --ignored

@@ -24,6 +24,8 @@ pub const COMPONENT_MAX: u64 = 64 << 20;
 pub const COMPILED_MAX: u64 = 512 << 20;
 /// Largest config, manifest, signature, lock or key file read.
 pub const TEXT_MAX: u64 = 4 << 20;
+/// Largest tokenizer.json read (the largest vocabularies' are some tens of MiB).
+pub const TOKENIZER_MAX: u64 = 256 << 20;
 /// Largest dataset read.
 pub const DATASET_MAX: u64 = 2 << 30;
 
@@ -48,6 +50,27 @@ pub fn read_regular(path: &Path, max: u64, what: &str) -> anyhow::Result<Vec<u8>
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     check_size(path, bytes.len() as u64, max, what)?;
     Ok(bytes)
+}
+
+/// The regular file at `path` opened for reading (checked as [`read_regular`] checks it,
+/// and read through a reader that stops at `max` bytes), for files read a line at a time.
+pub fn open_regular(
+    path: &Path,
+    max: u64,
+    what: &str,
+) -> anyhow::Result<std::io::Take<std::fs::File>> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    check_kind(path, &meta, what)?;
+    check_size(path, meta.len(), max, what)?;
+    let file =
+        open_nonblocking(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    check_kind(path, &meta, what)?;
+    check_size(path, meta.len(), max, what)?;
+    Ok(file.take(max))
 }
 
 /// [`read_regular`] as UTF-8 text.

@@ -19,6 +19,7 @@ pub mod plugin;
 pub mod report;
 pub mod serve;
 pub mod session;
+pub mod suggest;
 pub mod tensorboard;
 pub mod toy;
 pub mod train;

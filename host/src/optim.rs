@@ -544,7 +544,7 @@ pub(crate) fn shared_step(
 }
 
 /// The learning rate at `step` of `steps`: linear warmup over `warmup` steps, then linear
-/// decay to `final_fraction` of `base` at the last step (PAPER.md §5: decay to 0.1×).
+/// decay to `final_fraction` of `base` at the last step (the paper: decay to 0.1×).
 pub fn learning_rate(
     step: usize,
     steps: usize,

@@ -34,6 +34,50 @@ pub trait Progress {
     fn note(&mut self, line: &str) {
         let _ = line;
     }
+    /// A training step is done (one unit of the "training" phase): what it measured.
+    fn step(&mut self, step: &StepSummary) {
+        let _ = step;
+        self.advance(1);
+    }
+}
+
+/// What the person running `maporl train` sees of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepSummary {
+    /// Steps done (this one included) and in all.
+    pub done: usize,
+    pub steps: usize,
+    /// Mean total reward over the step's rewarded utterances of the learning agents.
+    pub reward: f64,
+    /// Majority accuracy per turn on the step's debates.
+    pub accuracy: Vec<f64>,
+    /// (agent, mean KL to its reference) per learning agent.
+    pub kl: Vec<(u32, f64)>,
+    /// The step's wall time.
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for StepSummary {
+    /// `step 3/16: reward 0.412, accuracy by turn 0.50 0.62 0.66, KL 0.0031 (agent 0)
+    /// 0.0042 (agent 1), 2.9 s`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {}/{}: reward {:.3}",
+            self.done, self.steps, self.reward
+        )?;
+        if !self.accuracy.is_empty() {
+            write!(f, ", accuracy by turn")?;
+            for a in &self.accuracy {
+                write!(f, " {a:.2}")?;
+            }
+        }
+        for (i, (agent, kl)) in self.kl.iter().enumerate() {
+            let lead = if i == 0 { ", KL" } else { "" };
+            write!(f, "{lead} {kl:.4} (agent {agent})")?;
+        }
+        write!(f, ", {:.1} s", self.seconds)
+    }
 }
 
 /// Progress that goes nowhere.
@@ -147,7 +191,10 @@ impl Session {
 /// device.
 pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
     let paths: Vec<PathBuf> = (0..config.debate.agents as usize)
-        .map(|a| crate::model::resolve_model(config.agent_model(a)))
+        .map(|a| {
+            let path = crate::model::resolve_model(config.agent_model(a))?;
+            missing_model(config, a, &path).map_or(Ok(path), Err)
+        })
         .collect::<anyhow::Result<_>>()?;
     let opts = TeamOptions {
         sampling: (0..paths.len()).map(|a| config.agent_sampling(a)).collect(),
@@ -188,6 +235,47 @@ pub fn load_team(config: &Config) -> anyhow::Result<ModelTeam> {
     // The paper's frozen turn-1 policy: adapters speak from this turn on.
     team.use_adapters_from_turn(config.train.adapter_from_turn);
     Ok(team)
+}
+
+/// The error for agent `a`'s model when its local path holds nothing, saying what would
+/// make one: the config's `[warm_start]`, a hub name written without `hf:`, or what a model
+/// path may be.
+fn missing_model(config: &Config, a: usize, path: &Path) -> Option<anyhow::Error> {
+    let named = config.agent_model(a);
+    if crate::model::hub::is_hub_path(named) || path.exists() {
+        return None;
+    }
+    let key = match config.agents.get(a) {
+        Some(agent) if !agent.model.is_empty() => format!("agents[{a}].model"),
+        _ => "model.path".to_string(),
+    };
+    let hub_like = {
+        let parts: Vec<&str> = named.split('/').collect();
+        parts.len() == 2
+            && !named.starts_with('.')
+            && !named.starts_with('~')
+            && parts.iter().all(|p| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            })
+    };
+    let hint = if config.warm_start.is_some() {
+        format!(
+            "this config has a [warm_start] section that makes it: run `maporl warm-start \
+             --config CONFIG` with this config first (the warm start writes it to {key})"
+        )
+    } else if hub_like {
+        format!("to download {named:?} from the Hugging Face hub, write {key} = \"hf:{named}\"")
+    } else {
+        "a model is a Hugging Face folder (config.json, *.safetensors, tokenizer.json), a \
+         .gguf file, or hf:ORG/NAME to download one"
+            .to_string()
+    };
+    Some(anyhow::anyhow!(
+        "{key} = {named:?}: {} does not exist; {hint}",
+        path.display()
+    ))
 }
 
 /// Each agent's device, opened, where this process `holds` the agent; says on stderr
@@ -297,6 +385,19 @@ pub fn held_out(tasks: Vec<Task>, config: &Config) -> anyhow::Result<(Vec<Task>,
 pub fn tasks(config: &Config) -> anyhow::Result<Vec<Task>> {
     let d = &config.data;
     let path = expand_home(&d.path);
+    if matches!(d.source, DataSource::Gsm8k | DataSource::Anli) && !path.exists() {
+        let name = if d.source == DataSource::Gsm8k {
+            "gsm8k"
+        } else {
+            "anli"
+        };
+        bail!(
+            "data.path = {:?}: {} does not exist; `maporl data fetch {name} DIR` downloads \
+             the {name} dataset into DIR/{name}/ (then set data.path to one of its files)",
+            d.path,
+            path.display()
+        );
+    }
     let all = match d.source {
         DataSource::Arithmetic => crate::data::arithmetic(
             d.offset + d.count.max(1),

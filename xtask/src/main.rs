@@ -16,6 +16,10 @@
 //!   root), failing with what to install otherwise.
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
 //! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
+//! - `cargo xtask docs [--check] [--run]`: writes the generated reference (docs/reference/,
+//!   `maporl reference`); `--check` fails instead when a page there differs from what the
+//!   binary prints (`cargo xtask test` runs it); `--run` runs every command block of the
+//!   docs instead of writing (see [`run_docs`]; CI runs it after the demo).
 
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
@@ -52,6 +56,7 @@ fn main() {
     };
     match task {
         "plugins" => plugins(),
+        "docs" => docs(rest),
         "demo" => demo(rest),
         "test" => {
             plugins();
@@ -74,6 +79,8 @@ fn main() {
                 // `mpirun -np 2` tests (tests/distributed.rs).
                 .args(["--features", "maporl/test-hooks,maporl/mpi"])
                 .args(rest));
+            // The generated reference says what this build says.
+            docs(&["--check".to_string()]);
         }
         "lint" => {
             run(cargo().args(["fmt", "--all", "--check"]));
@@ -114,7 +121,7 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: cargo xtask <demo [--max-rss-mib N] [--check] [ARGS] | test [ARGS] | lint | \
-         plugins>"
+         plugins | docs [--check] [--run]>"
     );
     exit(2)
 }
@@ -437,4 +444,293 @@ fn plugins() {
         "--target-dir",
         "plugins/target",
     ]));
+}
+
+/// The reference pages `maporl reference PAGE` prints, by file under docs/reference/.
+const REFERENCE_PAGES: &[(&str, &str)] = &[
+    ("config", "config.md"),
+    ("commands", "commands.md"),
+    ("plugins", "plugins.md"),
+    ("contract", "contract.md"),
+];
+
+/// `cargo xtask docs [--check] [--run]`.
+fn docs(args: &[String]) {
+    let check = args.iter().any(|a| a == "--check");
+    let run_blocks = args.iter().any(|a| a == "--run");
+    if let Some(other) = args.iter().find(|a| *a != "--check" && *a != "--run") {
+        eprintln!("xtask: docs: unknown argument {other:?}; expected --check and/or --run");
+        exit(2);
+    }
+    let bin = maporl_binary();
+    if run_blocks && !check {
+        run_docs(&bin);
+        return;
+    }
+    let dir = root().join("docs/reference");
+    let mut stale = Vec::new();
+    for (page, file) in REFERENCE_PAGES {
+        let out = Command::new(&bin)
+            .args(["reference", page])
+            .output()
+            .unwrap_or_else(|e| {
+                eprintln!("xtask: cannot run {} reference {page}: {e}", bin.display());
+                exit(1)
+            });
+        if !out.status.success() {
+            eprintln!(
+                "xtask: maporl reference {page} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            exit(1);
+        }
+        let path = dir.join(file);
+        if check {
+            if std::fs::read(&path).ok().as_deref() != Some(&out.stdout[..]) {
+                stale.push(path.display().to_string());
+            }
+        } else {
+            std::fs::create_dir_all(&dir).expect("creating docs/reference");
+            std::fs::write(&path, &out.stdout).expect("writing a reference page");
+            eprintln!("xtask: wrote {}", path.display());
+        }
+    }
+    if !stale.is_empty() {
+        eprintln!(
+            "xtask: docs: the generated reference is stale (it differs from what this build's \
+             `maporl reference` prints): {}; run `cargo xtask docs` and commit the result",
+            stale.join(", ")
+        );
+        exit(1);
+    }
+    if run_blocks {
+        run_docs(&bin);
+    }
+}
+
+/// The `maporl` binary of this checkout, built first (the build `cargo xtask demo` and the
+/// tests use).
+fn maporl_binary() -> PathBuf {
+    let cmd = maporl();
+    PathBuf::from(cmd.get_program())
+}
+
+/// The pages whose command blocks run: the README and the guides (not the generated
+/// reference, whose text is not commands, nor the measurement log).
+fn doc_pages() -> Vec<PathBuf> {
+    let mut pages = vec![
+        root().join("README.md"),
+        root().join("plugins/README.md"),
+        root().join("plugins/sdk/README.md"),
+    ];
+    for dir in ["docs", "docs/guides"] {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "md"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort();
+        pages.extend(found);
+    }
+    pages
+}
+
+/// Why a command block may not run in CI, as its info string says (```sh needs=gpu).
+const NEEDS: &[(&str, &str)] = &[
+    ("gpu", "a GPU"),
+    ("mpi", "OpenMPI and several processes"),
+    ("network", "the network"),
+    ("registry", "a running OCI registry"),
+    ("ci", "CI runs this command itself (.ci/run)"),
+];
+
+/// One fenced block of a page.
+struct Block {
+    info: String,
+    body: String,
+    line: usize,
+}
+
+fn blocks(text: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for (i, line) in text.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(info)) => {
+                open = Some(Block {
+                    info: info.trim().to_string(),
+                    body: String::new(),
+                    line: i + 1,
+                })
+            }
+            (Some(_), Some(rest)) if rest.trim().is_empty() => out.extend(open.take()),
+            (Some(b), _) => {
+                b.body.push_str(line);
+                b.body.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+/// Runs every command block of the docs, as a reader would, and checks every whole config:
+/// - a block marked ```sh runs: the blocks of one page in order, as one bash script (`set
+///   -euo pipefail`), in a scratch directory that holds the checkout's configs, docs,
+///   plugins, scripts, wit and target (symbolic links) and the quickstart's model, with the
+///   directory of this build's `maporl` first on PATH;
+/// - ```sh needs=WHY is not run, and WHY must be one of [`NEEDS`];
+/// - any other shell block (bash, shell, console, sh with another word) is an error: it
+///   would show a command no test runs;
+/// - ```toml is a whole config, checked by `maporl config show`; ```toml fragment is not.
+///
+/// The quickstart's model is made first when missing (`maporl warm-start`).
+fn run_docs(bin: &Path) {
+    let model = root().join("runs/quickstart-model");
+    if !model.join("model.safetensors").is_file() {
+        run(Command::new(bin)
+            .current_dir(root())
+            .args(["warm-start", "--config", QUICKSTART]));
+    }
+    let mut failures = Vec::new();
+    let (mut ran, mut skipped) = (0, 0);
+    for page in doc_pages() {
+        let Ok(text) = std::fs::read_to_string(&page) else {
+            continue;
+        };
+        let name = page
+            .strip_prefix(root())
+            .unwrap_or(&page)
+            .display()
+            .to_string();
+        let mut script = String::from("set -euo pipefail\n");
+        let mut commands = 0;
+        for b in blocks(&text) {
+            let mut words = b.info.split_whitespace();
+            let lang = words.next().unwrap_or("");
+            let rest: Vec<&str> = words.collect();
+            match (lang, rest.as_slice()) {
+                ("sh", []) => {
+                    script.push_str(&format!("# {name}:{}\n{}", b.line, b.body));
+                    commands += 1;
+                }
+                ("sh", [need]) if need.starts_with("needs=") => {
+                    let why = &need["needs=".len()..];
+                    if NEEDS.iter().any(|(n, _)| *n == why) {
+                        skipped += 1;
+                    } else {
+                        failures.push(format!(
+                            "{name}:{}: ```sh {need}: unknown reason; expected needs= one of {}",
+                            b.line,
+                            NEEDS.iter().map(|n| n.0).collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                }
+                ("sh" | "bash" | "shell" | "console" | "zsh", _) => failures.push(format!(
+                    "{name}:{}: ```{}: a command block is ```sh (run by this check) or ```sh \
+                     needs=WHY (not run: {})",
+                    b.line,
+                    b.info,
+                    NEEDS.iter().map(|n| n.0).collect::<Vec<_>>().join(", ")
+                )),
+                ("toml", []) => {
+                    if let Err(e) = check_config(bin, &b.body) {
+                        failures.push(format!("{name}:{}: the config is refused: {e}", b.line));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if commands == 0 {
+            continue;
+        }
+        eprintln!("xtask: docs: running the {commands} command blocks of {name}");
+        let started = std::time::Instant::now();
+        match run_page(&script, bin.parent().expect("the binary is in a directory")) {
+            Ok(()) => {
+                ran += commands;
+                eprintln!(
+                    "xtask: docs: {name}: passed in {:.0} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    eprintln!("xtask: docs: {ran} command blocks ran, {skipped} marked as needing what CI lacks");
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("xtask: docs: {f}");
+        }
+        exit(1);
+    }
+}
+
+/// Runs one page's script in a scratch directory (see [`run_docs`]).
+fn run_page(script: &str, bin_dir: &Path) -> Result<(), String> {
+    let scratch = std::env::temp_dir().join(format!("maporl-docs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(scratch.join("runs")).map_err(|e| e.to_string())?;
+    let link = |from: &Path, to: &Path| std::os::unix::fs::symlink(from, to);
+    for dir in ["configs", "docs", "plugins", "scripts", "wit", "target"] {
+        if root().join(dir).exists() {
+            link(&root().join(dir), &scratch.join(dir)).map_err(|e| e.to_string())?;
+        }
+    }
+    link(
+        &root().join("runs/quickstart-model"),
+        &scratch.join("runs/quickstart-model"),
+    )
+    .map_err(|e| e.to_string())?;
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&scratch)
+        .env("PATH", path)
+        .output()
+        .map_err(|e| format!("cannot run bash: {e}"))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    if out.status.success() {
+        return Ok(());
+    }
+    let tail = |b: &[u8]| {
+        let t = String::from_utf8_lossy(b);
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    // The script's comments say which block each command came from.
+    Err(format!(
+        "a command failed ({}):\n--- script ---\n{script}--- stdout (last lines) ---\n{}\n--- stderr (last lines) ---\n{}",
+        out.status,
+        tail(&out.stdout),
+        tail(&out.stderr)
+    ))
+}
+
+/// Whether `maporl config show` takes `text` as a whole config.
+fn check_config(bin: &Path, text: &str) -> Result<(), String> {
+    let file = std::env::temp_dir().join(format!("maporl-docs-{}.toml", std::process::id()));
+    std::fs::write(&file, text).map_err(|e| e.to_string())?;
+    let out = Command::new(bin)
+        .current_dir(root())
+        .arg("config")
+        .arg("show")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&file);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
 }

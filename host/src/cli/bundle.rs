@@ -145,6 +145,7 @@ pub struct PackMeta {
     /// The bundle's semver version.
     #[arg(long)]
     version: Option<String>,
+    /// A line saying what the bundle is for.
     #[arg(long)]
     description: Option<String>,
     /// An SPDX licence expression, e.g. Apache-2.0.

@@ -2,12 +2,13 @@
 
 mod bundle;
 mod compare;
-mod demo;
 mod interrupt;
 mod logging;
 mod plugin;
+mod reference;
 mod report;
 mod run;
+mod scripted;
 mod serve;
 mod toy;
 mod train;
@@ -55,7 +56,20 @@ enum Command {
     Data(DataCommand),
     /// Run debates between scripted stand-in agents (not LLMs) through real plugins: the
     /// reference protocol, verifier and reward shaper, on the synthetic arithmetic task.
-    Demo(demo::DemoArgs),
+    Scripted(scripted::ScriptedArgs),
+    /// The old name of `maporl scripted`; the main job is `cargo xtask demo`.
+    #[command(hide = true, disable_help_flag = true)]
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
+    /// The resolved config (the file with every default and `--set` applied), as TOML.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// The reference, generated from this binary: every config key, every command and
+    /// flag, the built-in plugins and their settings, the plugin contract and its limits
+    /// (Markdown; docs/reference/ is this output).
+    Reference(reference::ReferenceArgs),
     /// The paper's game-theoretic toy model: the collaboration rate of a single learner
     /// against a fixed partner and of two joint learners, over training; table + SVG plot.
     Toy(toy::ToyArgs),
@@ -76,6 +90,13 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the config as a run would use it: the file, every default, every `--set`,
+    /// validated.
+    Show(run::ConfigArgs),
+}
+
+#[derive(Subcommand)]
 enum DataCommand {
     /// Download a dataset from its public source, verify its sha256, and check it parses.
     Fetch {
@@ -90,6 +111,15 @@ enum DataCommand {
 pub fn main() -> i32 {
     logging::init();
     let cli = Cli::parse();
+    // A command whose output is piped into `head` ends quietly when the pipe closes, as Unix
+    // tools do, instead of panicking on a write to it. Not for the server, which writes to
+    // sockets and must outlive a client that goes away.
+    if !matches!(cli.command, Command::Serve(_)) {
+        // SAFETY: restores the default disposition of one signal before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Before any thread starts (MPI's included): candle's large elementwise ops on the
     // calling thread, except for a command that trains one model alone, which gains from
     // candle's pool for them (the warm start 1.1x on 2 cores; BENCHMARKS.md).
@@ -134,7 +164,13 @@ pub fn main() -> i32 {
         Command::Train(args) => train::train(args),
         Command::Verifier(cmd) => verifier::run(cmd),
         Command::Data(DataCommand::Fetch { dataset, dir }) => run::fetch(&dataset, &dir),
-        Command::Demo(args) => demo::run(args),
+        Command::Scripted(args) => scripted::run(args),
+        Command::Demo { .. } => Err(anyhow::anyhow!(
+            "`maporl demo` is now `maporl scripted` (debates between scripted stand-in \
+             agents); the main job, MAPoRL training on the embedded default, is `cargo xtask demo`"
+        )),
+        Command::Config(ConfigCommand::Show(args)) => run::show_config(&args),
+        Command::Reference(args) => reference::run(args),
         Command::Toy(args) => toy::run(args),
         Command::Report(args) => report::run(args),
         Command::Compare(args) => compare::run(args),

@@ -39,16 +39,23 @@ pub enum PluginCommand {
         #[arg(long)]
         path: Option<PathBuf>,
     },
-    /// Run one call of a plugin, for plugin authors who are debugging.
+    /// Run one call of a plugin, for plugin authors who are debugging. `--example FUNC`
+    /// prints a valid --input for FUNC instead (a two-agent debate on one arithmetic task).
     Call {
-        file: PathBuf,
-        /// The WIT function: plan-turn, decide, extract, score or shape.
-        func: String,
+        /// A component file, or `builtin:NAME` for a built-in reference plugin.
+        #[arg(required_unless_present = "example")]
+        file: Option<PathBuf>,
+        /// The WIT function: configure, plan-turn, decide, extract, score or shape.
+        #[arg(required_unless_present = "example")]
+        func: Option<String>,
         /// The call's arguments as JSON (or @FILE): {"settings": {...}, "task": {...},
-        /// "turn": 1, "transcript": {...}, "text": "...", "responses": [...]}, as the
-        /// function needs.
-        #[arg(long)]
-        input: String,
+        /// "turn": 1, "transcript": {...}, "text": "...", "responses": [...], "limits":
+        /// {...}}, as the function needs.
+        #[arg(long, required_unless_present = "example")]
+        input: Option<String>,
+        /// Print an --input that FUNC takes, and nothing else.
+        #[arg(long, value_name = "FUNC", conflicts_with_all = ["file", "func", "input"])]
+        example: Option<String>,
     },
 }
 
@@ -110,14 +117,90 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::New { kind, name, path } => {
             let dir = path.unwrap_or_else(|| PathBuf::from(&name));
             scaffold(kind, &name, &dir)?;
-            println!(
-                "created {}: build with `cargo build --release --target wasm32-wasip2`, test with `cargo test`",
-                dir.display()
-            );
+            print!("{}", next_steps(kind, &name, &dir));
             Ok(())
         }
-        PluginCommand::Call { file, func, input } => call(&file, &func, &input),
+        PluginCommand::Call {
+            example: Some(func),
+            ..
+        } => {
+            println!("{}", example(&func)?);
+            Ok(())
+        }
+        PluginCommand::Call {
+            file: Some(file),
+            func: Some(func),
+            input: Some(input),
+            ..
+        } => call(&file, &func, &input),
+        PluginCommand::Call { .. } => {
+            bail!("`maporl plugin call` takes FILE FUNC --input JSON, or --example FUNC")
+        }
     }
+}
+
+/// What to do after `plugin new`: the whole loop from building the component to a run that
+/// uses it.
+fn next_steps(kind: Kind, name: &str, dir: &Path) -> String {
+    let (world, section, func) = match kind {
+        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
+        Kind::Verifier => ("verifier", "verifier", "score"),
+        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
+    };
+    let lib = name.replace('-', "_");
+    let d = dir.display();
+    let wasm = format!("{d}/target/wasm32-wasip2/release/{lib}.wasm");
+    format!(
+        "created {d}, a {world} plugin. Next:\n\
+         \x20 cd {d} && cargo test                                # its own tests, natively\n\
+         \x20 cargo build --release --target wasm32-wasip2        # the component (in {d})\n\
+         \x20 maporl plugin check {wasm} --world {world}\n\
+         \x20 maporl plugin call --example {func} > input.json    # a valid input to edit\n\
+         \x20 maporl plugin call {wasm} {func} --input @input.json\n\
+         \x20 maporl train --config configs/quickstart.toml --set plugins.{section}.path={wasm}\n\
+         (settings: --set 'plugins.{section}.settings={{...}}'; the guide: \
+         docs/guides/write-a-protocol.md; limits: docs/security.md)\n"
+    )
+}
+
+/// A valid `--input` for `func`: settings, a task, a two-agent transcript of two turns (one
+/// agent right at turn 1, both right at turn 2), and what the function takes besides.
+fn example(func: &str) -> anyhow::Result<String> {
+    let task = serde_json::json!({
+        "id": "arith-0-0", "kind": "arith", "question": "What is 71 + 47?", "reference": "118",
+        "fields": []
+    });
+    let said = |turn: u32, agent: u32, answer: &str| {
+        serde_json::json!({
+            "turn": turn, "agent": agent,
+            "text": format!("71 + 47: 1 + 7 = 8, 7 + 4 = 11, so {answer}.\nAnswer: \\boxed{{{answer}}}"),
+            "answer": answer, "score": if answer == "118" { 1.0 } else { 0.0 },
+            "correct": answer == "118"
+        })
+    };
+    let transcript = serde_json::json!({
+        "agents": 2, "turns": 3,
+        "utterances": [said(1, 0, "118"), said(1, 1, "108"), said(2, 0, "118"), said(2, 1, "118")]
+    });
+    let input = match func {
+        "configure" => serde_json::json!({"settings": {}}),
+        "plan-turn" | "decide" => serde_json::json!({
+            "settings": {}, "task": task, "turn": 3, "transcript": transcript
+        }),
+        "extract" => serde_json::json!({
+            "settings": {}, "task": task, "text": "7 + 1 = 8, so 118.\nAnswer: \\boxed{118}"
+        }),
+        "score" => serde_json::json!({
+            "settings": {}, "task": task,
+            "responses": ["so 118.\nAnswer: \\boxed{118}", "so 108.\nAnswer: \\boxed{108}"]
+        }),
+        "shape" => serde_json::json!({"settings": {}, "task": task, "transcript": transcript}),
+        other => bail!(
+            "no function `{other}` in any world; the functions are configure, plan-turn, \
+             decide, extract, score and shape"
+        ),
+    };
+    Ok(serde_json::to_string_pretty(&input)?)
 }
 
 /// The files of a new plugin crate, per kind: (path in the crate, template text).
@@ -341,6 +424,38 @@ fn call(file: &Path, func: &str, input: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every example is a valid input: it parses as `call` parses its --input, and holds
+    /// what its function needs (a transcript that is the turn's, a task, responses, text).
+    #[test]
+    fn every_example_input_parses_and_holds_what_its_function_needs() {
+        for (func, needs) in [
+            ("configure", &[][..]),
+            ("plan-turn", &["task", "turn", "transcript"][..]),
+            ("decide", &["task", "turn", "transcript"][..]),
+            ("extract", &["task", "text"][..]),
+            ("score", &["task", "responses"][..]),
+            ("shape", &["task", "transcript"][..]),
+        ] {
+            let text = example(func).unwrap();
+            let input: CallInput = serde_json::from_str(&text).unwrap();
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for key in needs {
+                assert!(value.get(key).is_some(), "{func} needs {key}");
+            }
+            if let Some(t) = &input.transcript {
+                assert_eq!(t.utterances.len(), 4);
+                assert!(t
+                    .utterances
+                    .iter()
+                    .all(|u| u.turn <= t.turns && u.agent < t.agents));
+            }
+        }
+        assert!(example("plan")
+            .unwrap_err()
+            .to_string()
+            .contains("plan-turn"));
+    }
 
     #[test]
     fn the_vendored_sdk_reads_its_own_copy_of_the_wit() {

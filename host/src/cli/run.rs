@@ -7,7 +7,7 @@ use clap::Args;
 
 use maporl::config::Config;
 use maporl::debate::{self, OnPluginError};
-use maporl::session::{Progress, Session};
+use maporl::session::{Progress, Session, StepSummary};
 use maporl::train::Evaluation;
 use maporl::transcript::Task;
 
@@ -149,13 +149,25 @@ pub(super) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:30}] {pos}/{len} tasks, {elapsed} elapsed, ETA {eta}",
+            "{msg} [{bar:30}] {pos}/{len} {prefix}, {elapsed} elapsed, ETA {eta}",
         )
         .expect("a valid template")
         .progress_chars("=> "),
     );
+    // The training phase counts steps; the others count tasks.
+    bar.set_prefix(if what == "training" { "steps" } else { "tasks" });
     bar.set_message(what.to_string());
     bar
+}
+
+/// Seconds as `1h02m`, `3m05s` or `42s`, for estimates.
+pub(super) fn duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// The library's progress as the command line shows it: a bar per phase, notes on stdout.
@@ -186,6 +198,27 @@ impl Progress for Bars {
             None => println!("{line}"),
         }
     }
+    fn step(&mut self, step: &StepSummary) {
+        let Some(bar) = &self.0 else {
+            println!("{step}");
+            return;
+        };
+        bar.inc(1);
+        if bar.is_hidden() {
+            // Off a terminal (a log file, Slurm, nohup) the bar is not drawn: a line a step,
+            // with the estimate the bar would show.
+            println!("{step}, ETA {}", duration(bar.eta().as_secs_f64()));
+        } else {
+            bar.set_message(step.to_string());
+        }
+    }
+}
+
+/// `maporl config show`: the resolved, validated config as TOML.
+pub fn show_config(args: &ConfigArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config, &args.overrides)?;
+    print!("{}", config.to_toml());
+    Ok(())
 }
 
 /// `maporl data fetch`.

@@ -1,4 +1,4 @@
-//! `maporl demo`: debates between scripted stand-in agents through the real reference
+//! `maporl scripted`: debates between scripted stand-in agents through the real reference
 //! plugins, shown turn by turn. The stand-in is not an LLM: it answers right with a fixed
 //! probability per agent and may adopt its peers' majority answer at later turns.
 
@@ -11,7 +11,7 @@ use maporl::debate::{self, OnPluginError, Plugins, ScriptedTeam};
 use maporl::plugin::{Limits, Protocol, RewardShaper, Runtime, RuntimeOptions, Verifier};
 
 #[derive(Args)]
-pub struct DemoArgs {
+pub struct ScriptedArgs {
     /// Directory holding debate.wasm, gsm8k.wasm and influence.wasm (default: the built-in
     /// reference plugins).
     #[arg(long)]
@@ -25,7 +25,7 @@ pub struct DemoArgs {
     /// Number of turns.
     #[arg(long, default_value_t = 3)]
     turns: u32,
-    /// Difficulty of the arithmetic questions (1-3).
+    /// Difficulty of the arithmetic questions (`data.difficulty`'s families, 1-7).
     #[arg(long, default_value_t = 3)]
     difficulty: u32,
     /// Seed for the questions, the stand-in agents and the plugins' sandbox.
@@ -33,7 +33,7 @@ pub struct DemoArgs {
     seed: u64,
 }
 
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub fn run(args: ScriptedArgs) -> anyhow::Result<()> {
     // The built-in reference plugins unless --plugins (or $MAPORL_PLUGINS) names a directory.
     let dir = args.plugins.or_else(maporl::config::plugins_dir_override);
     let runtime = Runtime::new(RuntimeOptions {

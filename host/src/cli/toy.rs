@@ -23,6 +23,7 @@ pub struct ToyArgs {
     /// Training iterations.
     #[arg(long, default_value_t = 200)]
     iterations: usize,
+    /// Seeds the game's draws and the learners.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Where toy.svg and toy.json go.

@@ -1,5 +1,5 @@
 //! `maporl verifier generate` and `maporl verifier train`: the learned verifier's data and
-//! training (PAPER.md §2). Serving is the run config's `[verifier]` section.
+//! training (arXiv 2502.18439). Serving is the run config's `[verifier]` section.
 
 use std::path::PathBuf;
 

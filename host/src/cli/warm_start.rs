@@ -63,17 +63,26 @@ pub fn run(args: WarmStartArgs) -> anyhow::Result<()> {
         ws.batch_tokens
     );
     let every = (ws.steps / 10).max(1);
+    let total = ws.steps;
     let mut window = Vec::new();
+    // The clock starts at the first step: the scripted debates and the tokenizer before it
+    // are not steps, and would make the first estimate too long.
+    let mut first_step: Option<std::time::Instant> = None;
     let summary = warm_start(&config, &mut plugins, &exclude, &out, |step, loss| {
+        let started = *first_step.get_or_insert_with(std::time::Instant::now);
         window.push(loss);
-        if (step + 1) % every == 0 {
+        if (step + 1) % every == 0 || step + 1 == total {
             let memory = maporl::model::resident_mib()
                 .map(|m| format!(", resident {} MiB (peak {})", m.now, m.peak))
                 .unwrap_or_default();
+            let elapsed = started.elapsed().as_secs_f64();
+            let eta = elapsed / (step + 1) as f64 * total.saturating_sub(step + 1) as f64;
             println!(
-                "  step {:>5}: loss {:.4}{memory}",
+                "  step {:>5}/{total}: loss {:.4}{memory}, {:.0} s elapsed, ETA {}",
                 step + 1,
-                window.iter().sum::<f64>() / window.len() as f64
+                window.iter().sum::<f64>() / window.len() as f64,
+                elapsed,
+                super::run::duration(eta)
             );
             window.clear();
         }

@@ -17,7 +17,7 @@ pub use ppo::{KlEstimator, PpoConfig};
 pub use verifier::{AnswerTurns, VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
 
 /// A whole run: data, team, debate, plugins.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Seeds the data order, sampling and the plugins' sandboxes.
@@ -47,14 +47,16 @@ pub struct Config {
 }
 
 /// `[distributed]`: how a run started under `mpirun -np N` splits its work.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DistributedConfig {
     pub placement: Placement,
 }
 
 /// Where the work of a run on several ranks goes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// Every rank holds the whole team; each step's debates are split between the ranks,
@@ -76,32 +78,38 @@ pub enum Placement {
 /// (`maporl warm-start`): the llama architecture at the given size, a tokenizer learned from
 /// the task and the ChatML chat format, every weight trained on debates of scripted agents
 /// over the config's protocol. Written to `model.path`; nothing is downloaded.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WarmStartConfig {
     /// Tokens of the byte-level BPE tokenizer learned from the scripted debates (256 bytes,
     /// then merges; digits stay single tokens).
     pub vocab_size: usize,
+    /// Width of the decoder made from scratch.
     pub hidden_size: usize,
+    /// Width of its MLP.
     pub intermediate_size: usize,
+    /// Its decoder layers.
     pub layers: usize,
+    /// Its attention heads (`hidden_size` must split into heads of an even size).
     pub heads: usize,
     /// Arithmetic questions the scripted teachers debate, and more that are drilled alone
     /// (the question, then the right answer with its working; no chat format, so short); the
     /// run's own questions (training and held-out) are in neither.
     pub tasks: usize,
+    /// Arithmetic questions drilled alone (see `tasks`).
     pub drills: usize,
-    /// The teachers' chance of a right turn-1 answer, and of adopting their peers' majority
-    /// answer at later turns when it differs from their own.
+    /// The teachers' chance of a right turn-1 answer.
     pub teacher_skill: f64,
+    /// The teachers' chance of adopting their peers' majority answer at later turns when it differs from their own (see `teacher_adopt_right`).
     pub teacher_persuadability: f64,
-    /// The chance of adopting that majority when it is right, and when it is wrong, in place
-    /// of `teacher_persuadability` (each defaults to it). Teachers that adopt a right peer
+    /// The chance of adopting the majority when it is right (and `teacher_adopt_wrong`, when
+    /// it is wrong), in place of `teacher_persuadability` (each defaults to it). Teachers that adopt a right peer
     /// more often than a wrong one switch on something a model can learn to check: the
     /// peer's working is always right, its slip is in the final answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub teacher_adopt_right: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The chance of adopting a wrong majority (see `teacher_adopt_right`).
     pub teacher_adopt_wrong: Option<f64>,
     /// The arithmetic difficulties (task families) the teachers' questions and drills come
     /// from, in equal shares; empty: `data.difficulty` alone. A model made on two families
@@ -113,7 +121,9 @@ pub struct WarmStartConfig {
     /// on debate utterances of one turn (the turns in cycle); AdamW at `lr` with linear
     /// warmup over the first 5% and linear decay to 0.1x.
     pub steps: usize,
+    /// Tokens per optimizer step (see `steps`).
     pub batch_tokens: usize,
+    /// AdamW's peak learning rate (see `steps`).
     pub lr: f64,
 }
 
@@ -142,7 +152,7 @@ impl Default for WarmStartConfig {
 }
 
 /// `maporl train`: who learns, for how long, with what adapter and PPO settings.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
     /// "maporl": every agent learns, jointly; "single": only agent 0 learns, the others stay
@@ -152,16 +162,22 @@ pub struct TrainConfig {
     pub mode: TrainMode,
     /// PPO iterations (rollout + update).
     pub steps: usize,
-    /// LoRA rank, alpha, and the PEFT module names it adapts.
+    /// LoRA rank.
     pub lora_r: usize,
+    /// LoRA scaling: the adapter adds `lora_alpha / lora_r` × B·A.
     pub lora_alpha: f64,
+    /// The PEFT module names that get an adapter.
     pub lora_targets: Vec<String>,
-    /// The KL coefficient; with `kl_target` it adapts towards that KL over `kl_horizon`.
+    /// The KL coefficient (λ_KL); with `kl_target` it adapts towards that KL over
+    /// `kl_horizon`.
     pub kl_coef: f64,
+    /// The KL the adaptive controller steers towards (none: `kl_coef` is fixed).
     pub kl_target: Option<f64>,
+    /// Steps (in samples) over which the adaptive KL controller moves `kl_coef`.
     pub kl_horizon: f64,
     /// Steps of linear learning-rate warmup, then linear decay to `final_lr_fraction` × lr.
     pub warmup_steps: usize,
+    /// The learning rate at the last step, as a fraction of the peak.
     pub final_lr_fraction: f64,
     /// A checkpoint every this many steps (0: only at the end and on Ctrl-C).
     pub checkpoint_every: usize,
@@ -179,6 +195,7 @@ pub struct TrainConfig {
     /// "joint": every step trains on all turns' utterances. "turn-based" (paper's code):
     /// only turn 2 for `turn2_steps` steps, then one turn per step: T, T-1, ..., 2, T, ...
     pub schedule: Schedule,
+    /// With `schedule = "turn-based"`: steps that train turn 2 alone before the cycle starts.
     pub turn2_steps: usize,
     /// The SFT baseline (mode "sft").
     pub sft: SftConfig,
@@ -188,14 +205,16 @@ pub struct TrainConfig {
 /// The paper's SFT baseline: off-the-shelf debates over the data, the best `top_fraction`
 /// of them by total shaped reward kept, and every agent fine-tuned (LoRA, cross-entropy on
 /// its own responses) on its utterances in those debates.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftConfig {
-    /// Fraction of debates kept (PAPER.md §5: the top 10%).
+    /// Fraction of debates kept (the paper: the top 10%).
     pub top_fraction: f64,
+    /// Passes over the kept debates' utterances.
     pub epochs: usize,
     /// Responses per optimizer step.
     pub batch_size: usize,
+    /// AdamW's learning rate.
     pub lr: f64,
     /// Dropout on the LoRA layers' inputs while fine-tuning (PEFT's `lora_dropout`; the
     /// paper's 0.05). PPO runs without dropout, as TRL's PPOTrainer (the paper's code) turns
@@ -221,7 +240,7 @@ impl Default for SftConfig {
     }
 }
 
-/// LoRA on every attention and MLP projection (PAPER.md §5): the default for the agents and
+/// LoRA on every attention and MLP projection (arXiv 2502.18439): the default for the agents and
 /// the learned verifier.
 pub(crate) fn all_projections() -> Vec<String> {
     [
@@ -239,7 +258,7 @@ pub(crate) fn all_projections() -> Vec<String> {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        // PAPER.md §5: LoRA r8 alpha16 on q,k,v,o,gate,up,down; lambda_KL 0.002.
+        // the paper (arXiv 2502.18439): LoRA r8 alpha16 on q,k,v,o,gate,up,down; lambda_KL 0.002.
         TrainConfig {
             mode: TrainMode::Maporl,
             steps: 10,
@@ -264,7 +283,7 @@ impl Default for TrainConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// "arithmetic" (generated, the embedded default), "gsm8k", "anli" or "jsonl".
@@ -293,7 +312,7 @@ pub struct DataConfig {
     pub fields: Option<FieldMap>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// An HF folder (config.json, *.safetensors, tokenizer.json, tokenizer_config.json) or a
@@ -315,7 +334,9 @@ impl ModelConfig {
 }
 
 /// A device as a config names it (`device`, `agents[i].device`, `verifier.device`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub enum DeviceChoice {
     /// The first CUDA device when this maporl has CUDA and one is present, else the CPU.
@@ -384,7 +405,7 @@ impl DeviceChoice {
 }
 
 /// Who learns in a training run (`train.mode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TrainMode {
     /// Every agent learns, jointly.
@@ -398,7 +419,7 @@ pub enum TrainMode {
 }
 
 /// The value heads of a learning agent (`train.value_heads`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ValueHeads {
     /// One per agent.
@@ -408,7 +429,7 @@ pub enum ValueHeads {
 }
 
 /// Which turns a training step learns from (`train.schedule`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Schedule {
     /// Every turn, every step.
@@ -418,7 +439,7 @@ pub enum Schedule {
 }
 
 /// Where the tasks come from (`data.source`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DataSource {
     /// Generated arithmetic questions (the embedded default).
@@ -441,7 +462,7 @@ impl std::fmt::Display for DataSource {
 }
 
 /// The floating-point type of the models' weights and activations (`model.dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     F32,
@@ -449,7 +470,7 @@ pub enum Precision {
     F16,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// This agent's own base model; empty: the shared `model`.
@@ -469,10 +490,12 @@ pub struct AgentConfig {
     pub top_k: Option<usize>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebateConfig {
+    /// Agents in the team (each a policy; see `[[agents]]` for per-agent models).
     pub agents: u32,
+    /// Debate turns (turn 1: every agent answers alone).
     pub turns: u32,
     /// Tasks debated together (generation batches across them).
     pub batch_size: usize,
@@ -480,17 +503,27 @@ pub struct DebateConfig {
     pub on_plugin_error: OnPluginError,
 }
 
+/// Bounds on the config's counts (see `Config::check_counts`): far past any run on the
+/// machines maporl targets, far short of what would exhaust them by the count alone.
+const MAX_AGENTS: usize = 64;
+const MAX_TURNS: usize = 64;
+const MAX_BATCH: usize = 1 << 16;
+const MAX_TASKS: usize = 10_000_000;
+const MAX_STEPS: usize = 100_000_000;
+
 /// The largest `generation.prefix_cache_mib` (16 TiB), so that its bytes fit a `usize`.
 const MAX_PREFIX_CACHE_MIB: usize = 1 << 24;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GenerationConfig {
     /// 0 is greedy.
     pub temperature: f64,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches this (1.0: off).
     pub top_p: f64,
     /// 0 disables top-k.
     pub top_k: usize,
+    /// Most tokens one response may have.
     pub max_new_tokens: usize,
     /// MiB of prompts' keys and values kept so that prompts extending them (every agent's
     /// turn-1 question under a frozen turn 1; each agent's next turn) are not computed again;
@@ -498,7 +531,7 @@ pub struct GenerationConfig {
     pub prefix_cache_mib: usize,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginsConfig {
     /// Where plugin file names without a directory are looked up; empty: the reference
@@ -507,19 +540,20 @@ pub struct PluginsConfig {
     pub protocol: PluginConfig,
     pub verifier: PluginConfig,
     pub shaper: PluginConfig,
-    /// Bundles (`path = "bundle/component@version-req"`): the store they are installed in
-    /// (empty: `$MAPORL_BUNDLES`, else the user's data dir), the trusted-keys file (empty:
-    /// `$MAPORL_TRUSTED_KEYS`, else `~/.config/maporl/trusted-keys.toml`), and whether
-    /// unsigned or untrusted bundles may run.
+    /// Where bundles (`path = "bundle/component@version-req"`) are installed; empty:
+    /// `$MAPORL_BUNDLES`, else the user's data dir.
     pub store: String,
+    /// The trusted-keys file; empty: `$MAPORL_TRUSTED_KEYS`, else
+    /// `~/.config/maporl/trusted-keys.toml`.
     pub trusted_keys: String,
+    /// Let unsigned bundles, and bundles signed by keys not in the trusted-keys file, run.
     pub allow_unsigned: bool,
     /// Bundle name -> the key id whose releases of it may run (overrides the store's
     /// binding of the name to the key that first installed it).
     pub signers: std::collections::BTreeMap<String, String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginConfig {
     /// The component file; empty: the reference plugin for that role.
@@ -527,6 +561,7 @@ pub struct PluginConfig {
     pub path: String,
     /// Passed to the plugin's `configure` as JSON.
     #[serde(default = "empty_table")]
+    #[schemars(with = "serde_json::Map<String, serde_json::Value>")]
     pub settings: toml::Table,
     #[serde(default)]
     pub limits: Limits,
@@ -589,7 +624,7 @@ impl Default for DebateConfig {
 
 impl Default for GenerationConfig {
     fn default() -> Self {
-        // PAPER.md §1: temperature 0.7, top-p 1.0, up to 300 new tokens.
+        // the paper (arXiv 2502.18439): temperature 0.7, top-p 1.0, up to 300 new tokens.
         GenerationConfig {
             temperature: 0.7,
             top_p: 1.0,
@@ -703,6 +738,7 @@ impl Config {
         if self.debate.agents == 0 || self.debate.turns == 0 {
             bail!("debate.agents and debate.turns must be at least 1");
         }
+        self.check_counts()?;
         if self.agents.len() > self.debate.agents as usize {
             bail!(
                 "{} [[agents]] entries for debate.agents = {}",
@@ -793,6 +829,76 @@ impl Config {
                      data.source = \"{}\"",
                     self.data.source
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every count the run allocates or loops by is held to a bound, so that a number that
+    /// is a valid integer but absurd (`--set data.count=300000000`) is refused naming its key
+    /// instead of exhausting memory or running for ever.
+    fn check_counts(&self) -> anyhow::Result<()> {
+        let (d, t, g) = (&self.data, &self.train, &self.generation);
+        let v = &self.verifier;
+        let mut counts: Vec<(&str, usize, usize)> = vec![
+            ("debate.agents", self.debate.agents as usize, MAX_AGENTS),
+            ("debate.turns", self.debate.turns as usize, MAX_TURNS),
+            ("debate.batch_size", self.debate.batch_size, MAX_BATCH),
+            (
+                "generation.max_new_tokens",
+                g.max_new_tokens,
+                crate::model::ROPE_POSITIONS,
+            ),
+            ("data.held_out", d.held_out, MAX_TASKS),
+            ("train.steps", t.steps, MAX_STEPS),
+            ("train.lora_r", t.lora_r, 4096),
+            ("train.ppo.epochs", t.ppo.epochs, 1000),
+            ("train.ppo.minibatches", t.ppo.minibatches, MAX_BATCH),
+            ("train.ppo.grad_accum", t.ppo.grad_accum, MAX_BATCH),
+            ("train.sft.epochs", t.sft.epochs, 1000),
+            ("train.sft.batch_size", t.sft.batch_size, MAX_BATCH),
+            ("verifier.batch_size", v.batch_size, MAX_BATCH),
+            (
+                "verifier.max_response_tokens",
+                v.max_response_tokens,
+                crate::model::ROPE_POSITIONS,
+            ),
+            (
+                "verifier.generate.samples_per_question",
+                v.generate.samples_per_question,
+                MAX_BATCH,
+            ),
+            ("verifier.train.epochs", v.train.epochs, 1000),
+            ("verifier.train.batch_size", v.train.batch_size, MAX_BATCH),
+            ("verifier.train.lora_r", v.train.lora_r, 4096),
+        ];
+        // Generated tasks are held in memory, every one up to data.offset + data.count; a
+        // file's are bounded by the file.
+        if d.source == DataSource::Arithmetic {
+            counts.push(("data.offset", d.offset, MAX_TASKS));
+            counts.push(("data.count", d.count, MAX_TASKS));
+            counts.push((
+                "data.offset + data.count",
+                d.offset.saturating_add(d.count),
+                MAX_TASKS,
+            ));
+        }
+        if let Some(w) = &self.warm_start {
+            counts.extend([
+                ("warm_start.vocab_size", w.vocab_size, 1 << 20),
+                ("warm_start.hidden_size", w.hidden_size, 1 << 14),
+                ("warm_start.intermediate_size", w.intermediate_size, 1 << 16),
+                ("warm_start.layers", w.layers, 256),
+                ("warm_start.heads", w.heads, 256),
+                ("warm_start.tasks", w.tasks, MAX_TASKS),
+                ("warm_start.drills", w.drills, MAX_TASKS),
+                ("warm_start.steps", w.steps, MAX_STEPS),
+                ("warm_start.batch_tokens", w.batch_tokens, 1 << 24),
+            ]);
+        }
+        for (key, value, max) in counts {
+            if value > max {
+                bail!("{key} = {value}: expected at most {max}");
             }
         }
         Ok(())
@@ -1189,6 +1295,26 @@ mod tests {
             (
                 "[warm_start]\nfamilies = [1, 8]\n",
                 "warm_start.families holds 8: expected arithmetic difficulties from 1 to 7",
+            ),
+            (
+                "[data]\ncount = 300000000\n",
+                "data.count = 300000000: expected at most 10000000",
+            ),
+            (
+                "[data]\noffset = 9000000\ncount = 2000000\n",
+                "data.offset + data.count = 11000000: expected at most 10000000",
+            ),
+            (
+                "[debate]\nagents = 1000\n",
+                "debate.agents = 1000: expected at most 64",
+            ),
+            (
+                "[generation]\nmax_new_tokens = 100000000\n",
+                "generation.max_new_tokens = 100000000: expected at most 131072",
+            ),
+            (
+                "[warm_start]\nhidden_size = 1048576\nheads = 4\n",
+                "warm_start.hidden_size = 1048576: expected at most 16384",
             ),
             (
                 "[train.sft]\nlora_dropout = 1.0\n",

@@ -2,11 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
-/// PPO settings; the defaults are PAPER.md §5's.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// PPO settings; the defaults are the paper's (arXiv 2502.18439, §5; the authors' code).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PpoConfig {
+    /// Passes over a step's samples.
     pub epochs: usize,
+    /// Minibatches per epoch (one optimizer step each).
     pub minibatches: usize,
     /// Micro-batches per minibatch whose gradients are summed before one optimizer step
     /// (same update, less memory).
@@ -15,17 +17,23 @@ pub struct PpoConfig {
     pub clip: f64,
     /// ε of the clipped value loss.
     pub value_clip: f64,
+    /// Weight of the value loss.
     pub vf_coef: f64,
     /// Weight of the entropy bonus (0: entropy is only measured).
     pub ent_coef: f64,
-    /// γ and λ of GAE inside a response.
+    /// γ of GAE inside a response (and `lambda`, its λ).
     pub gamma: f32,
+    /// λ of GAE (see `gamma`).
     pub lambda: f32,
+    /// Whiten the advantages over each agent's samples of a step.
     pub whiten_advantages: bool,
+    /// Global gradient-norm clipping (the norm is logged before clipping).
     pub max_grad_norm: f64,
+    /// AdamW's peak learning rate (see `train.warmup_steps`, `train.final_lr_fraction`).
     pub lr: f64,
     /// AdamW's decoupled weight decay, on weight matrices only (never norms or biases).
     pub weight_decay: f64,
+    /// How the per-token KL to the reference is estimated.
     pub kl_estimator: KlEstimator,
     /// Positions per lm_head chunk when scoring.
     pub chunk: usize,
@@ -64,7 +72,7 @@ impl Default for PpoConfig {
 
 /// How the per-token KL between the policy and the reference is estimated from the sampled
 /// token's log-probs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KlEstimator {
     /// log π − log π_ref: unbiased, can be negative.

@@ -1,4 +1,4 @@
-//! `[verifier]`: the learned verifier (PAPER.md §2) a run serves to plugins through the host
+//! `[verifier]`: the learned verifier (arXiv 2502.18439) a run serves to plugins through the host
 //! function `judge`, and how `maporl verifier generate` / `maporl verifier train` make one.
 
 use anyhow::bail;
@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::all_projections;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifierConfig {
     /// The verifier's base model (HF folder or GGUF); empty: `model.path`.
@@ -42,12 +42,12 @@ impl Default for VerifierConfig {
 }
 
 /// Sampling the labelled answers a verifier learns from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifierGenerateConfig {
     /// Answers sampled per question.
     pub samples_per_question: usize,
-    /// Kept per question and class: k right + k wrong (PAPER.md §2: 10 + 10); questions
+    /// Kept per question and class: k right + k wrong (the paper: 10 + 10); questions
     /// with fewer than k of either are dropped.
     pub per_class: usize,
     /// Which answers: every turn's utterances of the run's debates (the verifier then
@@ -57,7 +57,9 @@ pub struct VerifierGenerateConfig {
 }
 
 /// Which debate turns the verifier's training answers come from (`verifier.generate.turns`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum AnswerTurns {
     /// Every utterance of whole debates, every agent and turn.
@@ -78,19 +80,26 @@ impl Default for VerifierGenerateConfig {
 }
 
 /// Training the verifier: LoRA + a linear head with a sigmoid, BCE.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifierTrainConfig {
     /// "all-tokens" (BCE on every response token, as the paper's code) or "last-token".
     pub loss: String,
+    /// Passes over the training answers.
     pub epochs: usize,
     /// Answers per optimizer step.
     pub batch_size: usize,
+    /// AdamW's learning rate.
     pub lr: f64,
+    /// AdamW's decoupled weight decay (weight matrices only).
     pub weight_decay: f64,
+    /// Global gradient-norm clipping.
     pub max_grad_norm: f64,
+    /// LoRA rank of the verifier's adapter.
     pub lora_r: usize,
+    /// LoRA scaling (`lora_alpha / lora_r`).
     pub lora_alpha: f64,
+    /// The PEFT module names that get an adapter.
     pub lora_targets: Vec<String>,
     /// Fraction of the questions held out for validation (AUC, ECE); split by question.
     pub val_fraction: f64,
@@ -105,7 +114,7 @@ pub struct VerifierTrainConfig {
 
 impl Default for VerifierTrainConfig {
     fn default() -> Self {
-        // PAPER.md §2: LoRA r16 and a linear head on the hidden state.
+        // the paper (arXiv 2502.18439): LoRA r16 and a linear head on the hidden state.
         VerifierTrainConfig {
             loss: "all-tokens".into(),
             epochs: 2,

@@ -43,7 +43,10 @@ pub fn arithmetic(count: usize, difficulty: u32, seed: u64) -> anyhow::Result<Ve
                  (lower data.count or data.offset)"
             );
         }
-        return Ok(enumerated(difficulty, seed).into_iter().take(count).collect());
+        return Ok(enumerated(difficulty, seed)
+            .into_iter()
+            .take(count)
+            .collect());
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     Ok((0..count)

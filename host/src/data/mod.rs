@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::transcript::Task;
 
 /// How to read a generic JSONL file: which field holds what.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FieldMap {
     /// Field with a unique id; the line number when absent.
@@ -31,10 +31,44 @@ pub struct FieldMap {
     pub fields: Vec<String>,
 }
 
+/// A JSON object holding only the `wanted` fields of the object on `line` (every other
+/// field is parsed and dropped without being built).
+fn selected_fields(line: &str, wanted: &[&str]) -> anyhow::Result<serde_json::Value> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Select<'a>(&'a [&'a str]);
+    impl<'de> DeserializeSeed<'de> for Select<'_> {
+        type Value = serde_json::Map<String, serde_json::Value>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Select<'_> {
+        type Value = serde_json::Map<String, serde_json::Value>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if self.0.contains(&key.as_ref()) {
+                    out.insert(key.into_owned(), map.next_value()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(line);
+    let fields = Select(wanted).deserialize(&mut de)?;
+    de.end()?;
+    Ok(serde_json::Value::Object(fields))
+}
+
 /// Reads GSM8K (`{"question", "answer": "...#### 42"}`): the reference is the number after
 /// "####", without thousands separators.
 pub fn gsm8k(path: &Path) -> anyhow::Result<Vec<Task>> {
-    read_jsonl(path, |line, value| {
+    read_jsonl(path, &["question", "answer"], |line, value| {
         let question = str_field(value, "question")?;
         let answer = str_field(value, "answer")?;
         let (_, after) = answer
@@ -57,35 +91,42 @@ pub fn gsm8k(path: &Path) -> anyhow::Result<Vec<Task>> {
 /// Reads ANLI (`{"uid", "context", "hypothesis", "label": "e"|"n"|"c"}`): the reference is
 /// the full label, the premise and hypothesis are passed as fields.
 pub fn anli(path: &Path) -> anyhow::Result<Vec<Task>> {
-    read_jsonl(path, |line, value| {
-        let premise = str_field(value, "context")?;
-        let hypothesis = str_field(value, "hypothesis")?;
-        let reference = match str_field(value, "label")? {
-            "e" => "entailment",
-            "n" => "neutral",
-            "c" => "contradiction",
-            other => bail!("field `label` is {other:?}; expected \"e\", \"n\" or \"c\""),
-        };
-        let id = match value.get("uid").and_then(|v| v.as_str()) {
-            Some(uid) => uid.to_string(),
-            None => format!("anli-{line}"),
-        };
-        Ok(Task {
-            id,
-            kind: "anli".into(),
-            question: format!("Premise: {premise}\nHypothesis: {hypothesis}"),
-            reference: reference.into(),
-            fields: vec![
-                ("premise".into(), premise.into()),
-                ("hypothesis".into(), hypothesis.into()),
-            ],
-        })
-    })
+    read_jsonl(
+        path,
+        &["uid", "context", "hypothesis", "label"],
+        |line, value| {
+            let premise = str_field(value, "context")?;
+            let hypothesis = str_field(value, "hypothesis")?;
+            let reference = match str_field(value, "label")? {
+                "e" => "entailment",
+                "n" => "neutral",
+                "c" => "contradiction",
+                other => bail!("field `label` is {other:?}; expected \"e\", \"n\" or \"c\""),
+            };
+            let id = match value.get("uid").and_then(|v| v.as_str()) {
+                Some(uid) => uid.to_string(),
+                None => format!("anli-{line}"),
+            };
+            Ok(Task {
+                id,
+                kind: "anli".into(),
+                question: format!("Premise: {premise}\nHypothesis: {hypothesis}"),
+                reference: reference.into(),
+                fields: vec![
+                    ("premise".into(), premise.into()),
+                    ("hypothesis".into(), hypothesis.into()),
+                ],
+            })
+        },
+    )
 }
 
 /// Reads any JSONL file through a field mapping; `kind` is the task kind plugins see.
 pub fn jsonl(path: &Path, kind: &str, map: &FieldMap) -> anyhow::Result<Vec<Task>> {
-    read_jsonl(path, |line, value| {
+    let mut wanted: Vec<&str> = vec![&map.question, &map.reference];
+    wanted.extend(map.id.as_deref());
+    wanted.extend(map.fields.iter().map(String::as_str));
+    read_jsonl(path, &wanted, |line, value| {
         let id = match &map.id {
             Some(field) => scalar_field(value, field)?,
             None => format!("{kind}-{line}"),
@@ -105,19 +146,37 @@ pub fn jsonl(path: &Path, kind: &str, map: &FieldMap) -> anyhow::Result<Vec<Task
     })
 }
 
-/// Parses every non-empty line as JSON and maps it; errors carry `file:line`.
+/// Parses every non-empty line as a JSON object and maps it; errors carry `file:line`. The
+/// file is read a line at a time and only the `wanted` fields of each record are kept (the
+/// others are skipped while parsing): memory grows with the tasks, not with the file.
 fn read_jsonl(
     path: &Path,
+    wanted: &[&str],
     mut parse: impl FnMut(usize, &serde_json::Value) -> anyhow::Result<Task>,
 ) -> anyhow::Result<Vec<Task>> {
-    let text = crate::files::read_regular_text(path, crate::files::DATASET_MAX, "dataset")?;
+    use std::io::BufRead;
+    let file = crate::files::open_regular(path, crate::files::DATASET_MAX, "dataset")?;
+    let mut reader = std::io::BufReader::new(file);
     let mut tasks = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
+    let mut line = String::new();
+    let mut n = 0;
+    loop {
+        line.clear();
+        let read = reader.read_line(&mut line).with_context(|| {
+            format!(
+                "{}:{}: cannot read (not UTF-8 text?)",
+                path.display(),
+                n + 1
+            )
+        })?;
+        if read == 0 {
+            break;
+        }
+        n += 1;
         if line.trim().is_empty() {
             continue;
         }
-        let value: serde_json::Value = serde_json::from_str(line)
+        let value = selected_fields(&line, wanted)
             .with_context(|| format!("{}:{n}: not valid JSON", path.display()))?;
         let task = parse(n, &value).with_context(|| format!("{}:{n}", path.display()))?;
         tasks.push(task);

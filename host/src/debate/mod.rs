@@ -95,7 +95,7 @@ impl Plugins {
 }
 
 /// What a plugin failure on one task does to the run (`debate.on_plugin_error`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnPluginError {
     /// Stop the run with the error.
@@ -161,6 +161,8 @@ pub fn run(
         .collect();
     let mut active: Vec<bool> = vec![true; debates.len()];
     let (mut plugin_time, mut team_time) = (Duration::ZERO, Duration::ZERO);
+    // Debates whose protocol planned no speaker at turn 1: no answer at all.
+    let mut silent = 0;
     // Records a plugin failure per the policy; `Err` stops the run.
     let fail = |debate: &mut Debate, active: &mut bool, err: PluginError| -> anyhow::Result<()> {
         match on_error {
@@ -185,7 +187,10 @@ pub fn run(
                 .plan_turn(&debate.task, turn, &debate.transcript);
             plugin_time += started.elapsed();
             match plan {
-                Ok(plan) if plan.is_empty() => active[i] = false,
+                Ok(plan) if plan.is_empty() => {
+                    active[i] = false;
+                    silent += usize::from(turn == 1);
+                }
                 Ok(plan) => planned.push((i, plan)),
                 Err(e) => fail(debate, &mut active[i], e)?,
             }
@@ -289,6 +294,14 @@ pub fn run(
                 Err(e) => fail(debate, &mut active[*i], e)?,
             }
         }
+    }
+    if silent > 0 {
+        tracing::warn!(
+            protocol = %crate::plugin::printable(&plugins.protocol.identity().name),
+            "the protocol planned no speaker at turn 1 for {silent} of {} tasks: those \
+             debates have no answer and count as wrong",
+            debates.len()
+        );
     }
     for (i, debate) in debates.iter_mut().enumerate() {
         if debate.error.is_some() {

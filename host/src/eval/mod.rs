@@ -51,7 +51,8 @@ impl Rate {
         (self.of > 0).then(|| self.moved as f64 / self.of as f64)
     }
 
-    fn cell(&self) -> String {
+    /// `0.500 (1/2)`, or `-` when it could not happen.
+    pub fn cell(&self) -> String {
         match self.value() {
             Some(v) => format!("{v:.3} ({}/{})", self.moved, self.of),
             None => "-".into(),

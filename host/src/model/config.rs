@@ -69,6 +69,16 @@ pub enum Act {
     Gelu,
 }
 
+/// The largest sizes a checkpoint's config may claim (each several times the largest
+/// model of the supported families): what a hostile or broken config.json is held to before
+/// anything is allocated from it.
+pub const MAX_VOCAB: usize = 1 << 21;
+pub const MAX_WIDTH: usize = 1 << 16;
+pub const MAX_LAYERS: usize = 1024;
+pub const MAX_HEADS: usize = 1024;
+pub const MAX_HEAD_DIM: usize = 1024;
+pub const MAX_POSITIONS: usize = 1 << 24;
+
 /// Everything the decoder needs to know about a checkpoint's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -225,8 +235,43 @@ impl Config {
         ((self.partial_rotary_factor * self.head_dim as f64) as usize) & !1
     }
 
-    /// Checks the invariants the decoder relies on.
+    /// Checks the invariants the decoder relies on, and that every size is one a real
+    /// checkpoint has, before anything is allocated from it: a file that claims a context
+    /// of 3e9 positions or a vocabulary of 2^40 is refused, naming the key, rather than
+    /// taken at its word.
     pub fn validate(&self) -> Result<()> {
+        for (key, value, max) in [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH * 8),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+        ] {
+            if value == 0 || value > max {
+                bail!("{key} = {value}: expected 1 to {max}");
+            }
+        }
+        for (key, value) in [
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("rope_theta", self.rope_theta),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                bail!("{key} = {value}: expected a finite number above 0");
+            }
+        }
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) {
+            bail!(
+                "partial_rotary_factor = {}: expected a fraction in (0, 1]",
+                self.partial_rotary_factor
+            );
+        }
         if self.num_key_value_heads == 0
             || !self
                 .num_attention_heads
@@ -332,6 +377,40 @@ mod tests {
             e.contains("LlamaForCausalLM") && e.contains("Phi3ForCausalLM"),
             "{e}"
         );
+    }
+
+    /// Every size a config claims is held to a maximum before anything is allocated, and
+    /// zero sizes and non-finite or negative scalars are refused, each naming its key.
+    #[test]
+    fn absurd_sizes_are_refused_naming_the_key() {
+        for (key, value, needle) in [
+            (
+                "max_position_embeddings",
+                "3000000000",
+                "max_position_embeddings = 3000000000",
+            ),
+            ("vocab_size", "1099511627776", "vocab_size = 1099511627776"),
+            ("hidden_size", "0", "hidden_size = 0"),
+            (
+                "intermediate_size",
+                "100000000",
+                "intermediate_size = 100000000",
+            ),
+            (
+                "num_hidden_layers",
+                "1000000",
+                "num_hidden_layers = 1000000",
+            ),
+            ("rms_norm_eps", "-1.0", "rms_norm_eps = -1"),
+            ("rope_theta", "0.0", "rope_theta = 0"),
+        ] {
+            let mut v: Value = serde_json::from_str(V4).unwrap();
+            v[key] = serde_json::from_str(value).unwrap();
+            let parsed = Config::from_hf_value(&v);
+            let err = parsed.and_then(|c| c.validate()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+        }
+        Config::from_hf_json(V4).unwrap().validate().unwrap();
     }
 
     #[test]

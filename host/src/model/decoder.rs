@@ -945,6 +945,13 @@ impl Base {
                 self.cfg.max_position_embeddings
             );
         }
+        if offset + t > ROPE_POSITIONS {
+            anyhow::bail!(
+                "sequence of {} positions exceeds the {ROPE_POSITIONS} positions this host \
+                 supports",
+                offset + t
+            );
+        }
         Ok((
             self.mask(pads, t, offset)?,
             self.cos.narrow(0, offset, t)?,
@@ -1179,6 +1186,9 @@ impl Base {
 }
 
 /// cos and sin tables (max_positions, rotary_dim / 2) in f32.
+/// The most positions one sequence may span on this host (the rope tables' rows).
+pub const ROPE_POSITIONS: usize = 1 << 17;
+
 fn rope_tables(cfg: &Config, dev: &Device) -> Result<(Tensor, Tensor)> {
     let dim = cfg.rotary_dim();
     let base: Vec<f32> = (0..dim)
@@ -1212,7 +1222,9 @@ fn rope_tables(cfg: &Config, dev: &Device) -> Result<(Tensor, Tensor)> {
                 .collect()
         }
     };
-    let n = cfg.max_position_embeddings;
+    // The tables cover the positions a sequence here can reach: the model's context, up to
+    // ROPE_POSITIONS (64 MiB of tables at head_dim 128), not whatever the config claims.
+    let n = cfg.max_position_embeddings.min(ROPE_POSITIONS);
     let inv = Tensor::from_vec(inv_freq, (1, dim / 2), dev)?;
     let t = Tensor::arange(0u32, n as u32, dev)?
         .to_dtype(DType::F32)?

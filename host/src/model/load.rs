@@ -71,9 +71,10 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<Loaded> {
     let cfg_path = need(dir.join("config.json"))?;
-    let text = std::fs::read_to_string(&cfg_path)?;
-    let cfg =
-        Config::from_hf_json(&text).with_context(|| format!("reading {}", cfg_path.display()))?;
+    let text = crate::files::read_regular_text(&cfg_path, crate::files::TEXT_MAX, "model config")?;
+    let cfg = Config::from_hf_json(&text)
+        .and_then(|c| c.validate().map(|()| c))
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
     let files = safetensors_files(dir)?;
     // SAFETY: the files are memory-mapped read-only; tensors are copied out (and converted to
     // `dtype`) as they are read, so later changes to the files cannot alias live tensors.
@@ -84,8 +85,10 @@ fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<Loaded> {
 
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() {
+        let text =
+            crate::files::read_regular_text(&tok_path, crate::files::TOKENIZER_MAX, "tokenizer")?;
         Some(
-            tokenizers::Tokenizer::from_file(&tok_path)
+            text.parse::<tokenizers::Tokenizer>()
                 .map_err(|e| anyhow!("reading {}: {e}", tok_path.display()))?,
         )
     } else {
@@ -93,7 +96,8 @@ fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<Loaded> {
     };
     let tc_path = dir.join("tokenizer_config.json");
     let (chat_template, eos_text) = if tc_path.is_file() {
-        let text = std::fs::read_to_string(&tc_path)?;
+        let text =
+            crate::files::read_regular_text(&tc_path, crate::files::TEXT_MAX, "tokenizer config")?;
         let tmpl = ChatTemplate::from_tokenizer_config(&text)
             .with_context(|| format!("reading {}", tc_path.display()))?;
         let v: Value = serde_json::from_str(&text)?;

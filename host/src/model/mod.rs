@@ -24,7 +24,7 @@ mod threads;
 pub use agent::Agent;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Act, Arch, Config, RopeScaling};
-pub use decoder::{Base, Checkpoint, Kernels, KvCache, Pass, Target};
+pub use decoder::{Base, Checkpoint, Kernels, KvCache, Pass, Target, ROPE_POSITIONS};
 #[doc(hidden)]
 pub use generate::{
     generate, generate_observed, generate_sharing, generate_together, generate_traced, score,

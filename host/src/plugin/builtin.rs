@@ -21,6 +21,9 @@ pub struct Builtin {
     pub world: World,
     /// sha256 of `bytes`, computed when the binary was built.
     pub sha256: &'static str,
+    /// Its source's module documentation: what it does and its settings (empty when the
+    /// binary was built from prebuilt components).
+    pub docs: &'static str,
     pub bytes: &'static [u8],
 }
 
@@ -56,12 +59,21 @@ pub(crate) fn read_component(path: &Path) -> Result<Cow<'static, [u8]>, String> 
     if let Some(name) = text.strip_prefix(PREFIX) {
         return match find(name) {
             Some(b) => Ok(Cow::Borrowed(b.bytes)),
-            None => Err(format!(
-                "no built-in reference plugin is called `{name}`; the built-ins are {} (a \
-                 component file in the working directory is named `./{name}`; set \
-                 plugins.dir for a directory of them)",
-                names()
-            )),
+            None => {
+                let stem = |s: &'static str| s.trim_end_matches(".wasm");
+                let near = crate::suggest::nearest(
+                    name.trim_end_matches(".wasm"),
+                    BUILTINS.iter().flat_map(|b| [b.name, stem(b.file)]),
+                )
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+                Err(format!(
+                    "no built-in reference plugin is called `{name}`{near}; the built-ins \
+                     are {} (a component file in the working directory is named `./{name}`; \
+                     set plugins.dir for a directory of them)",
+                    names()
+                ))
+            }
         };
     }
     crate::files::read_regular(path, crate::files::COMPONENT_MAX, "plugin component")

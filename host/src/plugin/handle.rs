@@ -139,6 +139,8 @@ impl<B: WorldBindings> Handle<B> {
         );
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| s as &mut dyn wasmtime::ResourceLimiter);
+        // What one call's result (or one host call's arguments) may make the host allocate.
+        store.set_hostcall_fuel(self.limits.result_bytes());
         store.epoch_deadline_trap();
         self.stderr_seen = 0;
         self.arm(&mut store, task);
@@ -243,6 +245,17 @@ impl<B: WorldBindings> Handle<B> {
             return Failure::MemoryCap { desired, limit };
         }
         let backtrace = err.downcast_ref::<WasmBacktrace>();
+        // wasmtime's host-call data budget (its error type is private: told by its text).
+        if err
+            .chain()
+            .any(|e| e.to_string().contains("too much data is being copied"))
+        {
+            return Failure::Invalid(format!(
+                "its result, or the data of a host call it made, is larger than \
+                 limits.max_result_kib = {} KiB",
+                self.limits.max_result_kib
+            ));
+        }
         match err.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => Failure::OutOfFuel {
                 budget: self.limits.fuel,

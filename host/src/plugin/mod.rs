@@ -108,6 +108,65 @@ impl std::fmt::Display for World {
     }
 }
 
+/// The bounds fixed in the host that every plugin runs under, whatever its config's
+/// `limits`: (name, value, meaning), for the reference and the security page.
+pub fn fixed_limits() -> Vec<(&'static str, String, &'static str)> {
+    let kib = |b: usize| format!("{} KiB", b / 1024);
+    let mib = |b: u64| format!("{} MiB", b >> 20);
+    vec![
+        (
+            "component size",
+            mib(crate::files::COMPONENT_MAX),
+            "the largest component file read",
+        ),
+        (
+            "compiled-component cache entry",
+            mib(crate::files::COMPILED_MAX),
+            "the largest compiled component read back from the cache",
+        ),
+        (
+            "wasm stack",
+            kib(runtime::MAX_WASM_STACK),
+            "the stack one call may use; deeper recursion traps",
+        ),
+        (
+            "deadline tick",
+            format!("{} ms", runtime::EPOCH_TICK.as_millis()),
+            "deadlines are counted in whole ticks of this clock",
+        ),
+        (
+            "log text per call",
+            kib(sandbox::LOG_BYTES_PER_CALL),
+            "what one call may write to the plugin log; the rest is dropped with a note",
+        ),
+        (
+            "captured stderr",
+            kib(sandbox::STDERR_CAPACITY),
+            "a plugin's stderr kept for its error messages (panics land there)",
+        ),
+        (
+            "judge: responses per judge call",
+            sandbox::JUDGE_MAX_RESPONSES.to_string(),
+            "responses one `judge` call may ask the learned verifier to score",
+        ),
+        (
+            "judge: responses per plugin call",
+            sandbox::JUDGE_MAX_RESPONSES_PER_CALL.to_string(),
+            "over all `judge` calls of one plugin call",
+        ),
+        (
+            "judge: responses per debate",
+            sandbox::JUDGE_MAX_RESPONSES_PER_DEBATE.to_string(),
+            "over all `judge` calls on one task within a training step",
+        ),
+        (
+            "judge: question and response size",
+            kib(sandbox::JUDGE_MAX_QUESTION_BYTES),
+            "the bytes of the question and of each response a `judge` call passes",
+        ),
+    ]
+}
+
 /// The host's WIT version as text, e.g. "0.1.0".
 pub fn wit_version() -> String {
     let (major, minor, patch) = WIT_VERSION;

@@ -19,7 +19,7 @@ use super::{Failure, PluginError, World};
 /// How often the epoch clock ticks; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The most wasm stack a plugin may use.
-const MAX_WASM_STACK: usize = 512 * 1024;
+pub(crate) const MAX_WASM_STACK: usize = 512 * 1024;
 
 /// Options of a plugin [`Runtime`].
 #[derive(Clone)]

@@ -17,7 +17,7 @@ use super::bindings::host;
 use super::World;
 
 /// Resource limits of one plugin, per call.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Fuel (roughly, wasm instructions) one call may use. Deterministic: the same call
@@ -33,6 +33,18 @@ pub struct Limits {
     pub max_prompt_bytes: u64,
     /// Reward shapers: the largest magnitude a reward's total or any of its parts may have.
     pub max_abs_reward: f64,
+    /// The most data, in KiB, one call may hand the host: its result, or what one host call
+    /// it makes (log, judge) passes. Counted while the host reads it, so that a larger
+    /// result is refused before the host holds it (wasmtime's host-call data budget).
+    pub max_result_kib: u64,
+    /// Verifiers: the longest answer, in bytes, `extract` or `score` may give. Answers are
+    /// kept in every utterance and decision the run records.
+    pub max_answer_bytes: u64,
+    /// Reward shapers: the most named parts one reward may have (their names are kept in
+    /// every step's metrics).
+    pub max_reward_parts: u64,
+    /// Reward shapers: the longest name of one part, in bytes.
+    pub max_part_name_bytes: u64,
 }
 
 impl Default for Limits {
@@ -47,6 +59,13 @@ impl Default for Limits {
             max_prompt_bytes: 256 * 1024,
             // The paper's rewards are in [-1, 2] or so; anything near this is a bug.
             max_abs_reward: 1_000.0,
+            // A plan of 8 agents' prompts at max_prompt_bytes each is 2 MiB.
+            max_result_kib: 4096,
+            // A number, a label, a short phrase.
+            max_answer_bytes: 1024,
+            // The influence shaper gives 6 parts with names under 20 bytes.
+            max_reward_parts: 32,
+            max_part_name_bytes: 64,
         }
     }
 }
@@ -60,6 +79,9 @@ impl Limits {
             ("fuel", self.fuel),
             ("deadline_ms", self.deadline_ms),
             ("memory_mib", self.memory_mib),
+            ("max_result_kib", self.max_result_kib),
+            ("max_answer_bytes", self.max_answer_bytes),
+            ("max_part_name_bytes", self.max_part_name_bytes),
         ] {
             if v == 0 {
                 return Err(format!(
@@ -82,6 +104,11 @@ impl Limits {
         Ok(())
     }
 
+    /// The host-call data budget of one call, in bytes.
+    pub(crate) fn result_bytes(&self) -> usize {
+        usize::try_from(self.max_result_kib.saturating_mul(1 << 10)).unwrap_or(usize::MAX)
+    }
+
     pub(crate) fn memory_bytes(&self) -> usize {
         usize::try_from(self.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
@@ -91,6 +118,22 @@ impl Limits {
 pub trait Judge: Send + Sync {
     /// One probability in [0, 1] per response, in order.
     fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String>;
+
+    /// [`judge`](Self::judge) for a plugin call that must end by `deadline`: the work
+    /// stops, refused, once the deadline has passed (between batches of forward passes),
+    /// so that host work done for a plugin is held to the plugin's deadline. The default
+    /// checks only before it starts.
+    fn judge_until(
+        &self,
+        question: &str,
+        responses: &[String],
+        deadline: std::time::Instant,
+    ) -> Result<Vec<f32>, String> {
+        if std::time::Instant::now() >= deadline {
+            return Err("the call's deadline passed before the learned verifier ran".into());
+        }
+        self.judge(question, responses)
+    }
 
     /// Scores every (question, response) of a step at once, before the verifier plugin asks
     /// for them task by task: the batching path. The default does nothing.
@@ -164,7 +207,7 @@ pub(crate) fn emit_log_event(origin: &LogOrigin<'_>, level: LogLevel, line: &str
 }
 
 /// Most log text one call may write; the rest is dropped with a note.
-const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+pub(crate) const LOG_BYTES_PER_CALL: usize = 64 * 1024;
 /// What a plugin may ask of the host's `judge` (the learned verifier's forward passes):
 /// responses per `judge` call, responses over all `judge` calls of one plugin call and of
 /// one debate (every call on one task within a training step), and the bytes of the
@@ -455,7 +498,12 @@ impl host::Host for Sandbox {
             Some(judge) => {
                 self.check_judge(&question, &responses)?;
                 self.judged += responses.len();
-                let probs = judge.judge(&question, &responses)?;
+                let probs = match self.deadline {
+                    Some((end, ms)) => judge
+                        .judge_until(&question, &responses, end)
+                        .map_err(|e| format!("judge (deadline {ms} ms): {e}"))?,
+                    None => judge.judge(&question, &responses)?,
+                };
                 if probs.len() != responses.len() {
                     return Err(format!(
                         "the learned verifier gave {} scores for {} responses",

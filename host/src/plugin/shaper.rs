@@ -110,12 +110,10 @@ impl RewardShaper {
             s.shape.call(store, params).map(|(rewards,)| rewards)
         })?;
         let rewards: Vec<Reward> = rewards.into_iter().map(Reward::from).collect();
-        validate_rewards(&rewards, transcript, self.handle.limits().max_abs_reward).map_err(
-            |msg| {
-                self.handle
-                    .error("shape", Some(&task.id), Failure::Invalid(msg))
-            },
-        )?;
+        validate_rewards(&rewards, transcript, self.handle.limits()).map_err(|msg| {
+            self.handle
+                .error("shape", Some(&task.id), Failure::Invalid(msg))
+        })?;
         Ok(rewards)
     }
 }
@@ -123,8 +121,9 @@ impl RewardShaper {
 fn validate_rewards(
     rewards: &[Reward],
     transcript: &Transcript,
-    max_abs: f64,
+    limits: &Limits,
 ) -> Result<(), String> {
+    let max_abs = limits.max_abs_reward;
     // Which utterances have a reward already, by their place in the transcript: no hashing,
     // and no larger than the transcript the call was given.
     let mut seen = vec![false; transcript.utterances.len()];
@@ -156,6 +155,36 @@ fn validate_rewards(
                 "agent {} at turn {} is rewarded twice (reward {i})",
                 r.agent, r.turn
             ));
+        }
+        // Part names are kept in every step's metrics: bounded in number and length, and
+        // names a person can read (no control characters).
+        if r.parts.len() as u64 > limits.max_reward_parts {
+            return Err(format!(
+                "reward {i} (agent {}, turn {}) has {} parts, over limits.max_reward_parts = {}",
+                r.agent,
+                r.turn,
+                r.parts.len(),
+                limits.max_reward_parts
+            ));
+        }
+        for (name, _) in &r.parts {
+            if name.len() as u64 > limits.max_part_name_bytes {
+                return Err(format!(
+                    "reward {i} (agent {}, turn {}) has a part name of {} bytes, over \
+                     limits.max_part_name_bytes = {}",
+                    r.agent,
+                    r.turn,
+                    name.len(),
+                    limits.max_part_name_bytes
+                ));
+            }
+            if name.is_empty() || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "reward {i} (agent {}, turn {}) has a part named `{name}`: a name is one \
+                     or more characters, none of them a control character",
+                    r.agent, r.turn
+                ));
+            }
         }
         if !r.total.is_finite() {
             return Err(format!(
@@ -221,25 +250,66 @@ mod tests {
     }
 
     fn validate_rewards_test(rewards: &[Reward], t: &Transcript) -> Result<(), String> {
-        validate_rewards(rewards, t, 1_000.0)
+        validate_rewards(rewards, t, &Limits::default())
+    }
+
+    fn with_max(max_abs_reward: f64) -> Limits {
+        Limits {
+            max_abs_reward,
+            ..Limits::default()
+        }
+    }
+
+    /// Part lists past either bound, names past the length bound, empty names and names
+    /// with control characters (a terminal escape, a newline that would forge a line) are
+    /// refused, each naming the reward and the key; names at the bounds pass.
+    #[test]
+    fn reward_parts_are_bounded_in_number_length_and_kind() {
+        let t = transcript();
+        let limits = Limits {
+            max_reward_parts: 3,
+            max_part_name_bytes: 8,
+            ..Limits::default()
+        };
+        let with_parts = |names: &[&str]| Reward {
+            turn: 1,
+            agent: 0,
+            total: 0.5,
+            parts: names.iter().map(|n| (n.to_string(), 0.1)).collect(),
+        };
+        assert!(validate_rewards(&[with_parts(&["a", "bb", "12345678"])], &t, &limits).is_ok());
+        for (names, expected) in [
+            (&["a", "b", "c", "d"][..], "max_reward_parts = 3"),
+            (&["123456789"][..], "max_part_name_bytes = 8"),
+            (&["é1234567"][..], "max_part_name_bytes = 8"),
+            (&[""][..], "control character"),
+            (&["a\u{1b}[2J"][..], "control character"),
+            (&["x\ny"][..], "control character"),
+        ] {
+            let err = validate_rewards(&[with_parts(names)], &t, &limits).unwrap_err();
+            assert!(
+                err.contains(expected) && err.contains("reward 0"),
+                "{names:?}: {err}"
+            );
+        }
     }
 
     #[test]
     fn finite_but_absurd_rewards_are_refused_by_the_limit() {
         let t = transcript();
-        assert!(validate_rewards(&[reward(1, 0, 999.0)], &t, 1_000.0).is_ok());
+        assert!(validate_rewards(&[reward(1, 0, 999.0)], &t, &with_max(1_000.0)).is_ok());
         for total in [1_000.5, -2e3, 1e30, f32::MAX] {
-            let err = validate_rewards(&[reward(1, 0, total)], &t, 1_000.0).unwrap_err();
+            let err = validate_rewards(&[reward(1, 0, total)], &t, &with_max(1_000.0)).unwrap_err();
             assert!(err.contains("max_abs_reward"), "{err}");
         }
         let mut part = reward(1, 0, 0.5);
         part.parts.push(("alpha".into(), -5e6));
-        let err = validate_rewards(&[part], &t, 1_000.0).unwrap_err();
+        let err = validate_rewards(&[part], &t, &with_max(1_000.0)).unwrap_err();
         assert!(
             err.contains("`alpha`") && err.contains("max_abs_reward"),
             "{err}"
         );
-        assert!(validate_rewards(&[reward(1, 0, 5.0)], &t, 1.0).is_err());
+        assert!(validate_rewards(&[reward(1, 0, 5.0)], &t, &with_max(1.0)).is_err());
     }
 
     #[test]

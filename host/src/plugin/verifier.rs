@@ -114,10 +114,19 @@ impl Verifier {
 
     /// The answer in one response; `None` when it holds no valid answer.
     pub fn extract(&mut self, task: &Task, text: &str) -> Result<Option<String>, PluginError> {
-        self.handle.call("extract", Some(&task.id), |v, store| {
+        let answer = self.handle.call("extract", Some(&task.id), |v, store| {
             let params = (TaskView::of(task), text);
             v.extract.call(store, params).map(|(answer,)| answer)
-        })
+        })?;
+        let max = self.handle.limits().max_answer_bytes;
+        match answer {
+            Some(a) if a.len() as u64 > max => Err(self.handle.error(
+                "extract",
+                Some(&task.id),
+                Failure::Invalid(too_long(None, a.len(), max)),
+            )),
+            answer => Ok(answer),
+        }
     }
 
     /// One verdict per response, in order; every score is checked to be in [0, 1].
@@ -131,7 +140,8 @@ impl Verifier {
             v.score.call(store, params).map(|(verdicts,)| verdicts)
         })?;
         let verdicts: Vec<Verdict> = verdicts.into_iter().map(Verdict::from).collect();
-        validate_verdicts(&verdicts, responses.len()).map_err(|msg| {
+        let max = self.handle.limits().max_answer_bytes;
+        validate_verdicts(&verdicts, responses.len(), max).map_err(|msg| {
             self.handle
                 .error("score", Some(&task.id), Failure::Invalid(msg))
         })?;
@@ -139,7 +149,19 @@ impl Verifier {
     }
 }
 
-fn validate_verdicts(verdicts: &[Verdict], responses: usize) -> Result<(), String> {
+/// Why an answer of `len` bytes is refused (response `i` of a `score`, or `extract`'s).
+fn too_long(i: Option<usize>, len: usize, max: u64) -> String {
+    let whose = i.map_or("the answer".to_string(), |i| {
+        format!("the answer of response {i}")
+    });
+    format!("{whose} is {len} bytes, over limits.max_answer_bytes = {max}")
+}
+
+fn validate_verdicts(
+    verdicts: &[Verdict],
+    responses: usize,
+    max_answer: u64,
+) -> Result<(), String> {
     if verdicts.len() != responses {
         return Err(format!(
             "{} verdicts for {responses} responses (one per response expected)",
@@ -159,6 +181,9 @@ fn validate_verdicts(verdicts: &[Verdict], responses: usize) -> Result<(), Strin
         if v.correct && v.answer.is_none() {
             return Err(format!("response {i} is marked correct but has no answer"));
         }
+        if let Some(a) = v.answer.as_ref().filter(|a| a.len() as u64 > max_answer) {
+            return Err(too_long(Some(i), a.len(), max_answer));
+        }
     }
     Ok(())
 }
@@ -177,24 +202,38 @@ mod tests {
 
     #[test]
     fn verdicts_are_checked() {
-        assert!(validate_verdicts(&[verdict(0.0), verdict(1.0)], 2).is_ok());
-        assert!(validate_verdicts(&[verdict(0.5)], 2)
+        assert!(validate_verdicts(&[verdict(0.0), verdict(1.0)], 2, 1024).is_ok());
+        assert!(validate_verdicts(&[verdict(0.5)], 2, 1024)
             .unwrap_err()
             .contains("1 verdicts for 2"));
-        assert!(validate_verdicts(&[verdict(f32::NAN)], 1)
+        assert!(validate_verdicts(&[verdict(f32::NAN)], 1, 1024)
             .unwrap_err()
             .contains("NaN"));
-        let err = validate_verdicts(&[verdict(0.2), verdict(1.5)], 2).unwrap_err();
+        let err = validate_verdicts(&[verdict(0.2), verdict(1.5)], 2, 1024).unwrap_err();
         assert!(err.contains("response 1") && err.contains("1.5"), "{err}");
-        assert!(validate_verdicts(&[verdict(-0.1)], 1).is_err());
-        assert!(validate_verdicts(&[verdict(f32::INFINITY)], 1).is_err());
+        assert!(validate_verdicts(&[verdict(-0.1)], 1, 1024).is_err());
+        assert!(validate_verdicts(&[verdict(f32::INFINITY)], 1, 1024).is_err());
         let no_answer = Verdict {
             answer: None,
             score: 1.0,
             correct: true,
         };
-        assert!(validate_verdicts(&[no_answer], 1)
+        assert!(validate_verdicts(&[no_answer], 1, 1024)
             .unwrap_err()
             .contains("no answer"));
+        // An answer one byte over the bound is refused, naming the response and the key.
+        let long = |n: usize| Verdict {
+            answer: Some("7".repeat(n)),
+            score: 0.0,
+            correct: false,
+        };
+        assert!(validate_verdicts(&[long(16)], 1, 16).is_ok());
+        let err = validate_verdicts(&[verdict(0.0), long(17)], 2, 16).unwrap_err();
+        assert!(
+            err.contains("response 1")
+                && err.contains("17 bytes")
+                && err.contains("max_answer_bytes"),
+            "{err}"
+        );
     }
 }

@@ -53,14 +53,28 @@ pub struct SftEpoch {
     pub grad_norm: Option<f64>,
 }
 
+/// One evaluation in the run directory: `maporl eval`'s, or one of a training run's
+/// held-out evaluations (before and after training).
+pub struct Evaluation {
+    /// "" for `maporl eval`'s; "before" or "after" for a training run's.
+    pub name: &'static str,
+    pub report: Report,
+    /// Its transcripts, when the file is there.
+    pub debates: Option<Vec<Debate>>,
+}
+
 /// Everything the report shows, as found in the run directory.
 pub struct Run {
     pub dir: PathBuf,
     pub steps: Vec<Step>,
     pub sft: Vec<SftEpoch>,
     pub has_metrics: bool,
-    pub eval: Option<Report>,
+    /// `maporl eval`'s evaluation, or a training run's before and after training.
+    pub evaluations: Vec<Evaluation>,
+    /// Transcripts with no evaluation report beside them (an SFT run's debates).
     pub debates: Option<Vec<Debate>>,
+    /// The held-out evaluations after against before training, paired task by task.
+    pub paired: Option<crate::eval::Paired>,
     pub config: Option<String>,
     pub lock: Option<String>,
     pub checkpoints: Vec<String>,
@@ -69,9 +83,17 @@ pub struct Run {
 pub const METRICS: &str = "metrics.jsonl";
 pub const EVAL: &str = "eval.json";
 pub const TRANSCRIPTS: &str = "transcripts.jsonl";
+/// A training run's held-out evaluations: (name, report, transcripts).
+pub const HELD_OUT: [(&str, &str, &str); 2] = [
+    ("before", "eval-before.json", "transcripts-before.jsonl"),
+    ("after", "eval-after.json", "transcripts-after.jsonl"),
+];
 
-/// Reads the run in `dir`; fails when it holds neither metrics nor an evaluation, or when a
-/// file it holds does not parse (naming the file, and the line of a JSONL file).
+/// Reads the run in `dir`: its metrics, its evaluation (`maporl eval`'s `eval.json`, or a
+/// training run's held-out `eval-before.json` and `eval-after.json`, each with its
+/// transcripts, and the two paired), its config, lock and checkpoints. Fails when it holds
+/// neither metrics nor an evaluation, or when a file it holds does not parse (naming the
+/// file, and the line of a JSONL file).
 pub fn run(dir: &Path) -> anyhow::Result<Run> {
     if !dir.is_dir() {
         bail!("{} is not a directory", dir.display());
@@ -101,24 +123,36 @@ pub fn run(dir: &Path) -> anyhow::Result<Run> {
             }
         }
     }
-    let eval = if eval.is_file() {
-        let text = read(&eval)?;
-        Some(
-            serde_json::from_str(&text)
-                .with_context(|| format!("{} is not an evaluation report", eval.display()))?,
-        )
+    let mut evaluations = Vec::new();
+    let mut loose = None;
+    if eval.is_file() {
+        evaluations.push(evaluation(dir, "", EVAL, TRANSCRIPTS)?);
     } else {
-        None
-    };
-    let transcripts = dir.join(TRANSCRIPTS);
-    let debates = if transcripts.is_file() {
-        let mut debates = Vec::new();
-        for (n, line) in jsonl(&transcripts)? {
-            debates.push(parse(&transcripts, n, &line)?);
+        for (name, report, transcripts) in HELD_OUT {
+            if dir.join(report).is_file() {
+                evaluations.push(evaluation(dir, name, report, transcripts)?);
+            }
         }
-        Some(debates)
-    } else {
-        None
+        if dir.join(TRANSCRIPTS).is_file() {
+            loose = Some(debates(&dir.join(TRANSCRIPTS))?);
+        }
+    }
+    let paired = match evaluations.as_slice() {
+        [Evaluation {
+            debates: Some(before),
+            ..
+        }, Evaluation {
+            debates: Some(after),
+            ..
+        }] => Some(
+            crate::eval::paired(before, after, 10_000, 0).with_context(|| {
+                format!(
+                    "pairing the held-out evaluations of {} before and after training",
+                    dir.display()
+                )
+            })?,
+        ),
+        _ => None,
     };
     let optional = |name: &str| -> anyhow::Result<Option<String>> {
         let p = dir.join(name);
@@ -136,12 +170,42 @@ pub fn run(dir: &Path) -> anyhow::Result<Run> {
         steps,
         sft,
         has_metrics: metrics.is_file(),
-        eval,
-        debates,
+        evaluations,
+        debates: loose,
+        paired,
         config: optional("config.toml")?,
         lock: optional("plugins.lock")?,
         checkpoints,
     })
+}
+
+/// An evaluation report and its transcripts, if there.
+fn evaluation(
+    dir: &Path,
+    name: &'static str,
+    report: &str,
+    transcripts: &str,
+) -> anyhow::Result<Evaluation> {
+    let path = dir.join(report);
+    let text = read(&path)?;
+    let report = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not an evaluation report", path.display()))?;
+    let transcripts = dir.join(transcripts);
+    Ok(Evaluation {
+        name,
+        report,
+        debates: transcripts
+            .is_file()
+            .then(|| debates(&transcripts))
+            .transpose()?,
+    })
+}
+
+fn debates(path: &Path) -> anyhow::Result<Vec<Debate>> {
+    jsonl(path)?
+        .into_iter()
+        .map(|(n, line)| parse(path, n, &line))
+        .collect()
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {

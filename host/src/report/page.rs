@@ -92,16 +92,28 @@ fn summary(run: &Run) -> String {
     if !run.sft.is_empty() {
         parts.push(format!("SFT run: {} agent epochs", run.sft.len()));
     }
-    if let Some(e) = &run.eval {
+    for e in &run.evaluations {
+        let r = &e.report;
+        let what = match e.name {
+            "" => "evaluation".to_string(),
+            name => format!("held-out evaluation {name} training"),
+        };
         parts.push(format!(
-            "evaluation: {} tasks, {} agents, {} turns",
-            e.tasks,
-            e.agents,
-            e.turns.len()
+            "{what}: {} tasks, {} agents, {} turns",
+            r.tasks,
+            r.agents,
+            r.turns.len()
         ));
     }
-    if let Some(d) = &run.debates {
-        parts.push(format!("{} transcripts", d.len()));
+    let transcripts: usize = run
+        .evaluations
+        .iter()
+        .filter_map(|e| e.debates.as_ref())
+        .chain(run.debates.as_ref())
+        .map(Vec::len)
+        .sum();
+    if transcripts > 0 {
+        parts.push(format!("{transcripts} transcripts"));
     }
     if parts.is_empty() {
         parts.push("no finished training step and no evaluation yet".into());
@@ -380,47 +392,109 @@ fn training(s: &mut String, run: &Run) {
 
 fn evaluation(s: &mut String, run: &Run) {
     s.push_str("<section id=\"evaluation\"><h2>Evaluation</h2>\n");
-    let Some(report) = &run.eval else {
+    if run.evaluations.is_empty() {
         absent(
             s,
             &format!(
-                "No {EVAL} in this run directory, so no evaluation and no transitions between \
-                 turns ({METRICS} records per-turn accuracy only). `maporl eval` on the trained \
-                 team writes them."
+                "No {EVAL} (`maporl eval`) and no held-out evaluation (`maporl train` with \
+                 data.held_out > 0 writes eval-before.json and eval-after.json) in this run \
+                 directory, so no evaluation and no transitions between turns ({METRICS} \
+                 records the training debates' per-turn accuracy only)."
             ),
         );
         s.push_str("</section>\n");
         return;
-    };
+    }
+    if let Some(p) = &run.paired {
+        paired_table(s, p);
+    }
+    for e in &run.evaluations {
+        let report = &e.report;
+        let id = |what: &str| match e.name {
+            "" => what.to_string(),
+            name => format!("{what}-{name}"),
+        };
+        if !e.name.is_empty() {
+            let _ = writeln!(
+                s,
+                "<h3 id=\"{}\">Held-out tasks, {} training</h3>",
+                id("held-out"),
+                e.name
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<p>{} tasks scored, {} dropped after a plugin failure, {} agents.</p>",
+            report.tasks, report.dropped, report.agents
+        );
+        table(s, report);
+        let turns =
+            |f: &dyn Fn(&crate::eval::TurnMetrics) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
+                report.turns.iter().map(|t| (t.turn as f64, f(t))).collect()
+            };
+        let mut series = vec![Series {
+            name: "majority".into(),
+            points: turns(&|t| Some(t.majority_accuracy)),
+        }];
+        for a in 0..report.agents as usize {
+            series.push(Series {
+                name: format!("agent {a}"),
+                points: turns(&|t| t.agent_accuracy.get(a).copied()),
+            });
+        }
+        let accuracy_id = id("eval-accuracy");
+        s.push_str(&line_chart(
+            &Chart {
+                id: &accuracy_id,
+                title: "Accuracy per turn",
+                x_label: "turn",
+                y_label: "accuracy",
+                y_range: Some((0.0, 1.0)),
+            },
+            &series,
+        ));
+        transitions_chart(s, report, &id("transitions"));
+    }
+    s.push_str("</section>\n");
+}
+
+/// The held-out evaluations after against before training, paired task by task, as the
+/// command line prints it after `maporl train`.
+fn paired_table(s: &mut String, p: &crate::eval::Paired) {
     let _ = writeln!(
         s,
-        "<p>{} tasks scored, {} dropped after a plugin failure, {} agents.</p>",
-        report.tasks, report.dropped, report.agents
+        "<h3 id=\"paired\">After against before training, paired</h3>\n<p>{} held-out tasks \
+         scored in both evaluations, paired task by task; 95% bootstrap intervals over the \
+         tasks ({} resamples).</p>",
+        p.tasks, p.resamples
     );
-    table(s, report);
-    let turns = |f: &dyn Fn(&crate::eval::TurnMetrics) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
-        report.turns.iter().map(|t| (t.turn as f64, f(t))).collect()
-    };
-    let mut series = vec![Series {
-        name: "majority".into(),
-        points: turns(&|t| Some(t.majority_accuracy)),
-    }];
-    for a in 0..report.agents as usize {
-        series.push(Series {
-            name: format!("agent {a}"),
-            points: turns(&|t| t.agent_accuracy.get(a).copied()),
-        });
+    s.push_str(
+        "<table class=\"metrics\" id=\"paired-table\"><thead><tr><th>turn</th><th>majority, \
+         before</th><th>majority, after</th><th>difference [95% CI]</th><th>agents' mean \
+         difference [95% CI]</th></tr></thead><tbody>\n",
+    );
+    for t in &p.turns {
+        let _ = writeln!(
+            s,
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:+.3} [{:+.3}, {:+.3}]</td><td>{:+.3} \
+             [{:+.3}, {:+.3}]</td></tr>",
+            t.turn,
+            t.first,
+            t.second,
+            t.difference,
+            t.low,
+            t.high,
+            t.agent_difference,
+            t.agent_low,
+            t.agent_high
+        );
     }
-    s.push_str(&line_chart(
-        &Chart {
-            id: "eval-accuracy",
-            title: "Accuracy per turn",
-            x_label: "turn",
-            y_label: "accuracy",
-            y_range: Some((0.0, 1.0)),
-        },
-        &series,
-    ));
+    s.push_str("</tbody></table>\n");
+}
+
+/// The moves between consecutive turns, summed over agents: a move to a right answer in
+/// green, to a wrong one in red.
+fn transitions_chart(s: &mut String, report: &Report, id: &str) {
     let moves: Vec<&crate::eval::TurnMetrics> = report
         .turns
         .iter()
@@ -428,37 +502,43 @@ fn evaluation(s: &mut String, run: &Run) {
         .collect();
     if moves.is_empty() {
         absent(s, "No transitions: the evaluation has a single turn.");
-    } else {
-        let groups: Vec<String> = moves
-            .iter()
-            .map(|t| format!("turn {} → {}", t.turn - 1, t.turn))
-            .collect();
-        let count = |f: fn(&crate::eval::Transitions) -> usize| -> Vec<f64> {
-            moves
-                .iter()
-                .map(|t| t.transitions.as_ref().map_or(0, f) as f64)
-                .collect()
-        };
-        let series = vec![
-            ("right → right".to_string(), count(|x| x.rr)),
-            ("wrong → right".to_string(), count(|x| x.wr)),
-            ("right → wrong".to_string(), count(|x| x.rw)),
-            ("wrong → wrong".to_string(), count(|x| x.ww)),
-        ];
-        s.push_str(&bar_chart(
-            &Chart {
-                id: "transitions",
-                title: "Transitions between turns (agents' answers, summed over agents)",
-                x_label: "turns",
-                y_label: "utterances",
-                y_range: None,
-            },
-            &groups,
-            &series,
-        ));
+        return;
     }
-    s.push_str("</section>\n");
+    let groups: Vec<String> = moves
+        .iter()
+        .map(|t| format!("turn {} → {}", t.turn - 1, t.turn))
+        .collect();
+    let count = |f: fn(&crate::eval::Transitions) -> usize| -> Vec<f64> {
+        moves
+            .iter()
+            .map(|t| t.transitions.as_ref().map_or(0, f) as f64)
+            .collect()
+    };
+    let series = vec![
+        ("right → right".to_string(), count(|x| x.rr), RIGHT_KEPT),
+        ("wrong → right".to_string(), count(|x| x.wr), TO_RIGHT),
+        ("right → wrong".to_string(), count(|x| x.rw), TO_WRONG),
+        ("wrong → wrong".to_string(), count(|x| x.ww), WRONG_KEPT),
+    ];
+    s.push_str(&bar_chart(
+        &Chart {
+            id,
+            title: "Transitions between turns (agents' answers, summed over agents)",
+            x_label: "turns",
+            y_label: "utterances",
+            y_range: None,
+        },
+        &groups,
+        &series,
+    ));
 }
+
+/// The transitions' colours: kept right blue, moved to right green, moved to wrong red,
+/// kept wrong grey.
+const RIGHT_KEPT: &str = "#1f77b4";
+const TO_RIGHT: &str = "#2ca02c";
+const TO_WRONG: &str = "#d62728";
+const WRONG_KEPT: &str = "#7f7f7f";
 
 /// `eval.json` as a table: one row per metric, one column per turn.
 fn table(s: &mut String, r: &Report) {
@@ -492,6 +572,12 @@ fn table(s: &mut String, r: &Report) {
         Some(x) => format!("{}/{}/{}/{}", x.rr, x.wr, x.rw, x.ww),
         None => "-".into(),
     });
+    row("P(W→R | wrong, a peer right)", &|t| {
+        t.corrected_by_peers.map_or("-".into(), |r| r.cell())
+    });
+    row("P(R→W | right, a peer wrong)", &|t| {
+        t.misled_by_peers.map_or("-".into(), |r| r.cell())
+    });
     s.push_str("</tbody></table>\n");
 }
 
@@ -499,11 +585,17 @@ fn table(s: &mut String, r: &Report) {
 #[derive(Serialize)]
 struct Transcripts<'a> {
     turns: u32,
+    /// The evaluations the debates come from ("before", "after"), when there are several.
+    sets: Vec<&'a str>,
     tasks: Vec<TaskView<'a>>,
 }
 
 #[derive(Serialize)]
 struct TaskView<'a> {
+    /// The evaluation the debate comes from ("" when the run has one), and the debate's
+    /// key in the page (set and id: a task is debated in each evaluation).
+    set: &'a str,
+    key: String,
     id: &'a str,
     kind: &'a str,
     question: &'a str,
@@ -553,7 +645,7 @@ fn outcome(d: &Debate, turn: u32) -> &'static str {
     }
 }
 
-fn view(d: &Debate) -> TaskView<'_> {
+fn view<'a>(set: &'a str, d: &'a Debate) -> TaskView<'a> {
     let mut turns: Vec<TurnView> = Vec::new();
     for (i, u) in d.transcript.utterances.iter().enumerate() {
         let speech = d.speeches.get(i);
@@ -581,6 +673,12 @@ fn view(d: &Debate) -> TaskView<'_> {
     }
     let played = d.transcript.turns.max(turns.last().map_or(0, |t| t.turn));
     TaskView {
+        set,
+        key: if set.is_empty() {
+            d.task.id.clone()
+        } else {
+            format!("{set}/{}", d.task.id)
+        },
         id: &d.task.id,
         kind: &d.task.kind,
         question: &d.task.question,
@@ -595,24 +693,42 @@ fn view(d: &Debate) -> TaskView<'_> {
 
 fn transcripts(s: &mut String, run: &Run) -> anyhow::Result<()> {
     s.push_str("<section id=\"transcripts\"><h2>Transcripts</h2>\n");
-    let Some(debates) = &run.debates else {
+    // Every evaluation's transcripts, each debate tagged with its evaluation ("before",
+    // "after"; "" for a single one), then any others (an SFT run's).
+    let sets: Vec<(&str, &Vec<Debate>)> = run
+        .evaluations
+        .iter()
+        .filter_map(|e| Some((e.name, e.debates.as_ref()?)))
+        .chain(run.debates.as_ref().map(|d| ("", d)))
+        .collect();
+    if sets.is_empty() {
         absent(
             s,
             &format!(
-                "No {TRANSCRIPTS} in this run directory: `maporl train` does not write \
-                 transcripts; `maporl eval` and SFT runs do."
+                "No transcripts in this run directory: `maporl eval` writes {TRANSCRIPTS}, \
+                 `maporl train` with held-out tasks writes transcripts-before.jsonl and \
+                 transcripts-after.jsonl, SFT writes the debates it chose from."
             ),
         );
         s.push_str("</section>\n");
         return Ok(());
-    };
+    }
+    let debates: Vec<(&str, &Debate)> = sets
+        .iter()
+        .flat_map(|(name, ds)| ds.iter().map(move |d| (*name, d)))
+        .collect();
     let data = Transcripts {
         turns: debates
             .iter()
-            .map(|d| d.transcript.turns)
+            .map(|(_, d)| d.transcript.turns)
             .max()
             .unwrap_or(0),
-        tasks: debates.iter().map(view).collect(),
+        sets: sets
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| !n.is_empty())
+            .collect(),
+        tasks: debates.iter().map(|(set, d)| view(set, d)).collect(),
     };
     let _ = writeln!(
         s,
@@ -620,6 +736,7 @@ fn transcripts(s: &mut String, run: &Run) -> anyhow::Result<()> {
 <label>task id <input id="filter-task" type="search" placeholder="part of an id"></label>
 <label>team answer <select id="filter-outcome"><option value="all">any</option><option value="right">right</option><option value="wrong">wrong</option><option value="tie">tie with the gold answer</option><option value="dropped">dropped</option></select></label>
 <label>after <select id="filter-turn"></select></label>
+<label id="filter-set-label" hidden>evaluation <select id="filter-set"><option value="all">any</option></select></label>
 <span id="count">{} debates</span>
 </div>
 <noscript><p class="absent">The transcript browser needs JavaScript; the transcripts are in {TRANSCRIPTS} beside this page.</p></noscript>

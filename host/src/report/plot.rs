@@ -179,15 +179,16 @@ fn nice_step(span: f64, ticks: f64) -> f64 {
         .unwrap_or(10.0 * mag)
 }
 
-fn legend(s: &mut String, names: &[&str]) {
-    for (k, name) in names.iter().enumerate() {
+/// One legend line a series: (name, colour).
+fn legend(s: &mut String, names: &[(&str, &str)]) {
+    for (k, (name, colour)) in names.iter().enumerate() {
         let y = TOP + 6.0 + 18.0 * k as f64;
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
             RIGHT + 12.0,
             RIGHT + 32.0,
-            PALETTE[k % PALETTE.len()],
+            colour,
             RIGHT + 37.0,
             y + 4.0,
             escape(name)
@@ -268,7 +269,11 @@ pub fn line_chart(chart: &Chart, series: &[Series]) -> String {
             }
         }
     }
-    let names: Vec<&str> = series.iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<(&str, &str)> = series
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (s.name.as_str(), PALETTE[k % PALETTE.len()]))
+        .collect();
     legend(&mut s, &names);
     s.push_str("</svg>\n");
     s
@@ -276,7 +281,9 @@ pub fn line_chart(chart: &Chart, series: &[Series]) -> String {
 
 /// A grouped bar chart: one group per label, one bar per series in each group, bars from 0.
 /// Each bar is `<rect class="bar" data-series=NAME data-group=LABEL data-value=V>`.
-pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>)]) -> String {
+/// Bars grouped by `groups`, one bar a group for each series: (name, one value a group,
+/// colour).
+pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>, &str)]) -> String {
     let hi = series
         .iter()
         .flat_map(|s| s.1.iter().copied())
@@ -304,7 +311,7 @@ pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>)]
             BOTTOM + 16.0,
             escape(label)
         );
-        for (k, (name, values)) in series.iter().enumerate() {
+        for (k, (name, values, colour)) in series.iter().enumerate() {
             let Some(&v) = values.get(g).filter(|v| v.is_finite()) else {
                 continue;
             };
@@ -317,7 +324,7 @@ pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>)]
                 escape(label),
                 width - 2.0,
                 base - top,
-                PALETTE[k % PALETTE.len()],
+                colour,
                 escape(name),
                 escape(label),
                 num(v),
@@ -327,7 +334,7 @@ pub fn bar_chart(chart: &Chart, groups: &[String], series: &[(String, Vec<f64>)]
             );
         }
     }
-    let names: Vec<&str> = series.iter().map(|s| s.0.as_str()).collect();
+    let names: Vec<(&str, &str)> = series.iter().map(|s| (s.0.as_str(), s.2)).collect();
     legend(&mut s, &names);
     s.push_str("</svg>\n");
     s

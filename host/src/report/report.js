@@ -1,6 +1,7 @@
 "use strict";
 // The transcript browser. Every piece of run text reaches the page through textContent,
-// never as markup. State lives in the URL fragment: #task=ID-PART&outcome=wrong&turn=2&open=ID
+// never as markup. State lives in the URL fragment:
+// #task=ID-PART&outcome=wrong&turn=2&set=after&open=KEY (KEY: the task id, or SET/ID)
 (function () {
   var dataEl = document.getElementById("transcript-data");
   if (!dataEl) return;
@@ -17,6 +18,14 @@
   var fTask = byId("filter-task");
   var fOutcome = byId("filter-outcome");
   var fTurn = byId("filter-turn");
+  var fSet = byId("filter-set");
+  // A training run's held-out evaluations, before and after training: a select of them.
+  (data.sets || []).forEach(function (name) {
+    var o = el("option", null, name + " training");
+    o.value = name;
+    fSet.appendChild(o);
+  });
+  if ((data.sets || []).length) byId("filter-set-label").hidden = false;
   for (var t = 1; t <= data.turns; t++) {
     var o = el("option", null, "turn " + t);
     o.value = String(t);
@@ -27,6 +36,7 @@
   if (params.has("task")) fTask.value = params.get("task");
   if (params.has("outcome")) fOutcome.value = params.get("outcome");
   if (params.has("turn")) fTurn.value = params.get("turn");
+  if (params.has("set")) fSet.value = params.get("set");
   var opened = new Set(params.getAll("open"));
   var PAGE = 200;
   var limit = PAGE;
@@ -41,6 +51,7 @@
     var want = fOutcome.value;
     var part = fTask.value.trim();
     if (part && task.id.indexOf(part) < 0) return false;
+    if (fSet.value !== "all" && task.set !== fSet.value) return false;
     return want === "all" || outcomeAt(task, turn) === want;
   }
 
@@ -120,7 +131,9 @@
   function row(task, turn) {
     var d = el("details", "debate");
     d.dataset.task = task.id;
+    d.dataset.set = task.set;
     var s = el("summary");
+    if (task.set) s.appendChild(el("span", "badge set", task.set));
     s.appendChild(el("span", "task-id", task.id));
     task.outcome.forEach(function (o, i) {
       s.appendChild(el("span", "badge " + o, "t" + (i + 1) + " " + o));
@@ -133,11 +146,11 @@
     var filled = false;
     var fill = function () {
       if (!filled && d.open) { filled = true; body(task, box); }
-      if (d.open) opened.add(task.id); else opened.delete(task.id);
+      if (d.open) opened.add(task.key); else opened.delete(task.key);
       remember();
     };
     d.addEventListener("toggle", fill);
-    if (opened.has(task.id)) { d.open = true; filled = true; body(task, box); }
+    if (opened.has(task.key)) { d.open = true; filled = true; body(task, box); }
     return d;
   }
 
@@ -146,6 +159,7 @@
     if (fTask.value.trim()) p.set("task", fTask.value.trim());
     if (fOutcome.value !== "all") p.set("outcome", fOutcome.value);
     if (fTurn.value !== String(data.turns)) p.set("turn", fTurn.value);
+    if (fSet.value !== "all") p.set("set", fSet.value);
     opened.forEach(function (id) { p.append("open", id); });
     try { history.replaceState(null, "", "#" + p.toString()); } catch (e) { /* file: URLs may refuse */ }
   }
@@ -174,5 +188,6 @@
   fTask.addEventListener("input", again);
   fOutcome.addEventListener("change", again);
   fTurn.addEventListener("change", again);
+  fSet.addEventListener("change", again);
   render();
 })();

@@ -1,4 +1,4 @@
-//! `maporl toy`: the toy collaboration game of the paper's Section 2 (PAPER.md §7).
+//! `maporl toy`: the toy collaboration game of the paper's Section 2 (arXiv 2502.18439).
 //!
 //! The paper gives the shape of the model (two agents, actions collaborate / act
 //! independently, a synergy reward R_syn(q) paid only when at least C(q) agents collaborate)

@@ -149,6 +149,32 @@ struct Metrics {
     collective_bytes: Option<u64>,
 }
 
+impl Metrics {
+    /// The step as the person running the command sees it; `seconds` its wall time.
+    fn summary(&self, steps: usize, seconds: f64) -> crate::session::StepSummary {
+        // The mean of the learning agents' mean rewards (each agent speaks as often).
+        let n = self.agents.len().max(1) as f64;
+        let reward = self
+            .agents
+            .values()
+            .map(|s| f64::from(s.reward_mean))
+            .sum::<f64>()
+            / n;
+        crate::session::StepSummary {
+            done: self.step + 1,
+            steps,
+            reward,
+            accuracy: self.accuracy.clone(),
+            kl: self
+                .agents
+                .iter()
+                .map(|(&a, s)| (a, f64::from(s.kl)))
+                .collect(),
+            seconds,
+        }
+    }
+}
+
 /// One learning agent's training state.
 struct Learner {
     agent: u32,
@@ -307,6 +333,14 @@ impl Trainer {
         check_distributed(world, &config)?;
         let leader = world.rank() == 0;
         let resume_from = if args.resume {
+            if !run_dir.is_dir() {
+                bail!(
+                    "--resume: run_dir {} does not exist, so there is no run to continue; \
+                     start it without --resume, or set run_dir to the directory of the run \
+                     to continue",
+                    run_dir.display()
+                );
+            }
             state::check_config(&run_dir, &config)?;
             let latest = checkpoints.latest()?.with_context(|| {
                 format!(
@@ -437,7 +471,9 @@ impl Trainer {
         }
         progress.begin("training", steps as u64, self.step as u64);
         while self.step < steps {
+            let started = std::time::Instant::now();
             let line = self.train_step()?;
+            let summary = line.summary(steps, started.elapsed().as_secs_f64());
             if let Some((metrics_file, events)) = &mut outputs {
                 serde_json::to_writer(&mut *metrics_file, &line)?;
                 metrics_file.write_all(b"\n")?;
@@ -450,7 +486,7 @@ impl Trainer {
                 events.scalars(line.step as i64, &scalars)?;
             }
             self.metrics_lines += 1;
-            progress.advance(1);
+            progress.step(&summary);
             // A stop request on any rank stops every rank after the same step.
             let interrupted = dist::any(self.world, stop.load(Ordering::SeqCst))?;
             let stopping = interrupted || stop_after.is_some_and(|n| self.step >= n);
@@ -790,6 +826,33 @@ impl Trainer {
         progress: &mut dyn Progress,
     ) -> anyhow::Result<()> {
         let st = state::TrainState::read(dir)?;
+        // What the state says must be a run of this config: a state.json that claims more
+        // steps than the config holds, or data handed out that those steps cannot have used,
+        // is refused rather than resumed into doing nothing.
+        let state_file = dir.join(crate::checkpoint::STATE_FILE);
+        if st.step > self.cfg.train.steps {
+            bail!(
+                "{} says {} steps are done, but train.steps = {}: to continue this run, \
+                 train.steps must be at least the steps done (or the file is not this run's)",
+                state_file.display(),
+                st.step,
+                self.cfg.train.steps
+            );
+        }
+        if Some(st.data_cursor) != st.step.checked_mul(self.cfg.debate.batch_size)
+            || st.metrics_lines > st.step
+        {
+            bail!(
+                "{} says {} steps are done with {} tasks handed out and {} metrics lines, but \
+                 each step takes debate.batch_size = {} tasks and writes one line: the file \
+                 was changed, or is not of this run",
+                state_file.display(),
+                st.step,
+                st.data_cursor,
+                st.metrics_lines,
+                self.cfg.debate.batch_size
+            );
+        }
         dist::check_resume_ranks(
             self.world,
             st.ranks,

@@ -1,4 +1,4 @@
-//! PPO for the agents (PAPER.md §5), the math in one place: one update of one agent on a
+//! PPO for the agents (arXiv 2502.18439), the math in one place: one update of one agent on a
 //! batch of its responses (CleanRL's loop, for LLM responses): score with the old policy and
 //! the reference, token rewards with a KL penalty against the frozen base, GAE inside each
 //! response, advantage whitening, then epochs × minibatches of the clipped policy and value

@@ -1,4 +1,4 @@
-//! The learned verifier (PAPER.md §2): an LM with a LoRA adapter and a linear head whose
+//! The learned verifier (arXiv 2502.18439): an LM with a LoRA adapter and a linear head whose
 //! sigmoid, on the hidden state of a response's last token, is the probability that the
 //! response answers the question correctly. It sees only the question and one response.
 //!
@@ -85,6 +85,20 @@ pub struct Prompter {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
     max_response_tokens: usize,
+    /// The longest text one token stands for, in bytes.
+    max_token_bytes: usize,
+}
+
+/// The last `max` bytes of `text`, cut at a character boundary (a little less then).
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }
 
 impl Prompter {
@@ -93,16 +107,40 @@ impl Prompter {
         template: ChatTemplate,
         max_response_tokens: usize,
     ) -> Prompter {
+        // The longest token's text (in the vocabulary's own alphabet, which for byte-level
+        // BPE spends at least one character per byte: never shorter than the bytes it
+        // stands for).
+        let max_token_bytes = tokenizer
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(4);
         Prompter {
             tokenizer,
             template,
             max_response_tokens: max_response_tokens.max(1),
+            max_token_bytes,
         }
     }
 
+    /// The most bytes of a response's end that can hold its last `max_response_tokens`
+    /// tokens: a token's text is at most `max_token_bytes` long, and one token more of
+    /// margin lets the cut fall inside a token that is dropped anyway.
+    fn response_window(&self) -> usize {
+        // Twice that: a normalizer may map a few bytes of text to fewer of a token's.
+        (self.max_response_tokens + 1)
+            .saturating_mul(self.max_token_bytes)
+            .saturating_mul(2)
+    }
+
     /// The question as the only user message with the generation prompt, then the response
-    /// (at most `max_response_tokens`, its end kept). An empty response is one space.
+    /// (at most `max_response_tokens`, its end kept). An empty response is one space. Only
+    /// the response's end that can hold those tokens is tokenized ([`Self::response_window`]),
+    /// so that a long response costs no more than a short one.
     pub fn ids(&self, question: &str, response: &str) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        let response = tail(response, self.response_window());
         let text = self
             .template
             .render(&[ChatMessage::new("user", question)], true)?;
@@ -278,6 +316,17 @@ impl VerifierModel {
         pairs: &[(Vec<u32>, Vec<u32>)],
         batch_size: usize,
     ) -> anyhow::Result<Vec<f32>> {
+        self.probabilities_of_ids_until(pairs, batch_size, None)
+    }
+
+    /// [`probabilities_of_ids`](Self::probabilities_of_ids), refused once `deadline` has
+    /// passed (checked before each batch).
+    fn probabilities_of_ids_until(
+        &self,
+        pairs: &[(Vec<u32>, Vec<u32>)],
+        batch_size: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> anyhow::Result<Vec<f32>> {
         let head = self
             .agent
             .value_head
@@ -287,7 +336,14 @@ impl VerifierModel {
         let mut order: Vec<usize> = (0..pairs.len()).collect();
         order.sort_by_key(|&i| pairs[i].0.len() + pairs[i].1.len());
         let mut out = vec![0f32; pairs.len()];
-        for chunk in order.chunks(batch_size.max(1)) {
+        for (k, chunk) in order.chunks(batch_size.max(1)).enumerate() {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                bail!(
+                    "the call's deadline passed with {} of {} responses scored",
+                    k * batch_size.max(1),
+                    pairs.len()
+                );
+            }
             let seqs: Vec<Vec<u32>> = chunk
                 .iter()
                 .map(|&i| [pairs[i].0.as_slice(), pairs[i].1.as_slice()].concat())
@@ -311,11 +367,30 @@ impl VerifierModel {
         pairs: &[(&str, &str)],
         batch_size: usize,
     ) -> anyhow::Result<Vec<f32>> {
-        let ids = pairs
-            .iter()
-            .map(|(q, r)| self.prompter.ids(q, r))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        self.probabilities_of_ids(&ids, batch_size)
+        self.probabilities_until(pairs, batch_size, None)
+    }
+
+    /// [`probabilities`](Self::probabilities), refused once `deadline` has passed (checked
+    /// before each pair is tokenized and before each batch).
+    pub fn probabilities_until(
+        &self,
+        pairs: &[(&str, &str)],
+        batch_size: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> anyhow::Result<Vec<f32>> {
+        let late = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        let mut ids = Vec::with_capacity(pairs.len());
+        for (q, r) in pairs {
+            if late() {
+                bail!(
+                    "the call's deadline passed with {} of {} responses tokenized",
+                    ids.len(),
+                    pairs.len()
+                );
+            }
+            ids.push(self.prompter.ids(q, r)?);
+        }
+        self.probabilities_of_ids_until(&ids, batch_size, deadline)
     }
 }
 
@@ -358,7 +433,20 @@ pub struct LearnedVerifier {
     batch_size: usize,
     checkpoint: PathBuf,
     sha256: String,
-    cache: Mutex<HashMap<(String, String), f32>>,
+    /// Scores by the sha256 of (question, response), so that what the cache keeps does not
+    /// grow with what plugins send: 36 bytes a pair.
+    cache: Mutex<HashMap<PairKey, f32>>,
+}
+
+/// sha256 of a (question, response) pair, each length-prefixed.
+type PairKey = [u8; 32];
+
+fn pair_key(question: &str, response: &str) -> PairKey {
+    let mut h = Sha256::new();
+    h.update((question.len() as u64).to_le_bytes());
+    h.update(question.as_bytes());
+    h.update(response.as_bytes());
+    h.finalize().into()
 }
 
 impl LearnedVerifier {
@@ -437,7 +525,7 @@ impl LearnedVerifier {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), f32>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, f32>> {
         self.cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -450,38 +538,53 @@ impl LearnedVerifier {
 
     /// Scores the pairs not in the cache, adds them to it, and returns every pair's score.
     /// The cache stays locked throughout, so a concurrent prefetch cannot empty it between.
-    fn fill(&self, pairs: &[(&str, &str)]) -> anyhow::Result<Vec<f32>> {
+    /// With a `deadline`, the forward passes stop once it has passed (between batches),
+    /// and the pairs scored so far stay in the cache.
+    fn fill(
+        &self,
+        pairs: &[(&str, &str)],
+        deadline: Option<std::time::Instant>,
+    ) -> anyhow::Result<Vec<f32>> {
         let mut cache = self.cache();
+        let keys: Vec<PairKey> = pairs.iter().map(|(q, r)| pair_key(q, r)).collect();
         let mut seen = std::collections::HashSet::new();
-        let missing: Vec<(&str, &str)> = pairs
-            .iter()
-            .filter(|(q, r)| !cache.contains_key(&(q.to_string(), r.to_string())))
-            .filter(|p| seen.insert(**p))
-            .copied()
+        let missing: Vec<usize> = (0..pairs.len())
+            .filter(|&i| !cache.contains_key(&keys[i]) && seen.insert(keys[i]))
             .collect();
         if !missing.is_empty() {
-            let probs = self.model().probabilities(&missing, self.batch_size)?;
-            for ((q, r), p) in missing.into_iter().zip(probs) {
-                cache.insert((q.to_string(), r.to_string()), p);
+            let batch: Vec<(&str, &str)> = missing.iter().map(|&i| pairs[i]).collect();
+            let probs = self
+                .model()
+                .probabilities_until(&batch, self.batch_size, deadline)?;
+            for (&i, p) in missing.iter().zip(probs) {
+                cache.insert(keys[i], p);
             }
         }
-        Ok(pairs
-            .iter()
-            .map(|(q, r)| cache[&(q.to_string(), r.to_string())])
-            .collect())
+        Ok(keys.iter().map(|k| cache[k]).collect())
     }
 }
 
 impl Judge for LearnedVerifier {
     fn judge(&self, question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
         let pairs: Vec<(&str, &str)> = responses.iter().map(|r| (question, r.as_str())).collect();
-        self.fill(&pairs)
+        self.fill(&pairs, None)
             .map_err(|e| format!("the learned verifier failed: {e:#}"))
+    }
+
+    fn judge_until(
+        &self,
+        question: &str,
+        responses: &[String],
+        deadline: std::time::Instant,
+    ) -> Result<Vec<f32>, String> {
+        let pairs: Vec<(&str, &str)> = responses.iter().map(|r| (question, r.as_str())).collect();
+        self.fill(&pairs, Some(deadline))
+            .map_err(|e| format!("the learned verifier stopped: {e:#}"))
     }
 
     fn prefetch(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
         self.cache().clear();
-        self.fill(pairs)
+        self.fill(pairs, None)
             .map(|_| ())
             .map_err(|e| format!("the learned verifier failed: {e:#}"))
     }

@@ -139,7 +139,7 @@ pub fn strip_latex_commands(s: &str) -> String {
 /// The three ANLI labels.
 pub const NLI_LABELS: [&str; 3] = ["entailment", "neutral", "contradiction"];
 
-/// Reads an NLI label out of a response (PAPER.md §1): the last `\boxed{}`, or the whole text
+/// Reads an NLI label out of a response (arXiv 2502.18439): the last `\boxed{}`, or the whole text
 /// when there is none, with LaTeX command names removed, letters only, lower-cased, must be
 /// exactly one of the labels. A response that discusses the labels ("not entailment, so
 /// neutral") is invalid without a box: the answer must be a label, not contain one.

@@ -269,7 +269,10 @@ mod tests {
         assert!(!m[2].content.contains("zero-1") && !m[2].content.contains("two-1"));
         let last = &m[4].content;
         assert!(last.contains("Agent 3: one-2\n\nAgent 1: one-2"), "{last}");
-        assert!(!last.contains("zero-2") && !last.contains("two-2"), "{last}");
+        assert!(
+            !last.contains("zero-2") && !last.contains("two-2"),
+            "{last}"
+        );
         // The prompts are the debate's: the same as with real peers who said the same.
         let echoed = echo(&three_agents_two_turns(), 1);
         let as_debate = plan(&Settings::default(), &gsm(), 3, &echoed).unwrap();

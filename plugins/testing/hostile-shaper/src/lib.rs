@@ -36,6 +36,15 @@ pub fn shape(task: &Task, transcript: &Transcript) -> Result<(Vec<Reward>, bool)
             r.parts.push(("bonus".into(), -3e9));
             Ok((vec![r], false))
         }
+        // Part lists and names the host must not keep: more parts than the default bound,
+        // a name over the default length bound, a name over the call's data budget.
+        "many-parts" => {
+            let mut r = one(1, 0, "score", 0.5);
+            r.parts = (0..1_000).map(|i| (format!("part{i}"), 0.0)).collect();
+            Ok((vec![r], false))
+        }
+        "long-part-name" => Ok((vec![one(1, 0, &"n".repeat(200), 0.5)], false)),
+        "huge-part-name" => Ok((vec![one(1, 0, &"n".repeat(20 << 20), 0.5)], false)),
         "nan" => Ok((
             normal()
                 .into_iter()

@@ -16,10 +16,24 @@ pub fn answer(text: &str) -> Option<String> {
 
 /// `extract`; the bool says whether it behaved normally.
 pub fn extract(task: &Task, text: &str) -> Result<(Option<String>, bool), String> {
+    if let Some(answer) = oversized_answer(&task.question) {
+        return Ok((Some(answer), false));
+    }
     match misbehave(&task.question) {
         Outcome::Normal => Ok((answer(text), true)),
         Outcome::Output(out) => Ok((Some(out), false)),
         Outcome::Error(e) => Err(e),
+    }
+}
+
+/// Modes whose answers are too long for the host to keep: `long-answer`, 2 KiB (over the
+/// default `max_answer_bytes`, within the call's data budget); `huge-answer`, 20 MiB (over
+/// the data budget: refused while the host reads it).
+pub fn oversized_answer(mode: &str) -> Option<String> {
+    match mode.trim() {
+        "long-answer" => Some("7".repeat(2 << 10)),
+        "huge-answer" => Some("7".repeat(20 << 20)),
+        _ => None,
     }
 }
 
@@ -39,6 +53,17 @@ pub fn score(task: &Task, responses: &[String]) -> Result<(Vec<Verdict>, bool), 
             })
             .collect::<Vec<_>>()
     };
+    if let Some(answer) = oversized_answer(&task.question) {
+        let verdicts = responses
+            .iter()
+            .map(|_| Verdict {
+                answer: Some(answer.clone()),
+                score: 0.0,
+                correct: false,
+            })
+            .collect();
+        return Ok((verdicts, false));
+    }
     match task.question.trim() {
         "nan" => Ok((normal(Some(f32::NAN)), false)),
         "out-of-range" => Ok((normal(Some(1.5)), false)),
@@ -116,6 +141,9 @@ impl bindings::exports::maporl::plugin::verification::Guest for Hostile {
             }
             "judge-long-question" => judge(&"q".repeat(16 << 20), &flood(1, 1)).map(|_| ())?,
             "judge-long-response" => judge("q", &flood(2, 16 << 20)).map(|_| ())?,
+            // Within every per-call bound (256 responses of 64 KiB), but long: the host's
+            // work for it must stop at the call's deadline.
+            "judge-wide" => judge("q", &flood(256, 64 << 10)).map(|_| ())?,
             _ => {}
         }
         if task.question.trim() == "judge" {

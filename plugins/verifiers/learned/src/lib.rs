@@ -1,4 +1,4 @@
-//! Learned verifier (PAPER.md §2): the score of a response is the run's learned verifier's
+//! Learned verifier (arXiv 2502.18439): the score of a response is the run's learned verifier's
 //! probability that it answers the question correctly, asked of the host through `judge`
 //! (one call per task with every scored response, so the host can batch). Answer
 //! extraction and format rules stay here: a response without a valid answer is not sent
