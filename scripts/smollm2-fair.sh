@@ -18,6 +18,12 @@
 # exact), the untrained team's chunks already evaluated are kept, and the trained team is
 # evaluated again if its adapters changed (its chunks are named after the adapters' hash).
 # Resume on the same kind of device: before and after are paired only on the same numerics.
+# ROW chooses what is trained: maporl (default: the paper's debate, the influence reward), or
+# peers-hidden (the same RL with no peer shown, `plugins.protocol.settings={peers=0}`, each
+# answer rewarded for its own correctness, horizon = "current"; its untrained and trained
+# teams are evaluated with peers hidden too). Each row's OUTDIR holds its own untrained team.
+# An arithmetic family small enough to enumerate (DIFFICULTY 5-7) trains on the questions
+# after the held-out ones, cycling through them when the steps ask for more.
 # Environment: BIN (maporl), MODEL (the GGUF; scripts/fetch-smollm2.sh), DEVICE (cpu, cuda),
 # SEED (0), TRAIN_SECONDS (240; 0 evaluates the last checkpoint without training more),
 # STOP_GRACE (600), EVAL_SECONDS (270), STEPS (at most, 64), BATCH (questions a step, 16),
@@ -39,6 +45,7 @@ CHUNK=${CHUNK:-100}
 HELD_OUT=${HELD_OUT:-1000}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-96}
 DIFFICULTY=${DIFFICULTY:-1}
+ROW=${ROW:-maporl}
 start=$(date +%s)
 log() { echo "smollm2-fair [$(($(date +%s) - start))s]: $*"; }
 mkdir -p "$out"
@@ -50,12 +57,36 @@ common=(--config configs/smollm2-arith.toml --set "device=$DEVICE" --set "model.
     --set debate.agents=3 --set debate.turns=3 --set train.adapter_from_turn=2
     --set "generation.max_new_tokens=$MAX_NEW_TOKENS")
 
+train_row=()
+case $ROW in
+maporl) ;;
+peers-hidden)
+    common+=(--set 'plugins.protocol.settings={peers=0}')
+    train_row=(--set 'plugins.shaper.settings={gamma=0.3,horizon="current"}')
+    ;;
+*)
+    echo "smollm2-fair: unknown ROW=$ROW (maporl, peers-hidden)" >&2
+    exit 2
+    ;;
+esac
+# The training questions: after the held-out ones; an enumerated family holds only so many.
+train_count=$((STEPS * BATCH))
+case $DIFFICULTY in
+5) family_size=810 ;;
+6) family_size=361 ;;
+7) family_size=729 ;;
+*) family_size=0 ;;
+esac
+if [ "$family_size" -gt 0 ] && [ $((HELD_OUT + train_count)) -gt "$family_size" ]; then
+    train_count=$((family_size - HELD_OUT))
+fi
+
 resume=()
 [ -d "$out/train/checkpoints" ] && resume=(--resume)
 log "train: up to $STEPS steps of $BATCH questions, at most ${TRAIN_SECONDS}s, on $DEVICE ${resume[*]}"
 [ -d "$out/train/checkpoints/final" ] || [ "$TRAIN_SECONDS" -eq 0 ] ||
     timeout -s INT -k "$STOP_GRACE" "$TRAIN_SECONDS" "$BIN" train "${resume[@]}" "${common[@]}" \
-    --set "data.offset=$HELD_OUT" --set "data.count=$((STEPS * BATCH))" --set data.held_out=0 \
+    "${train_row[@]}" --set "data.offset=$HELD_OUT" --set "data.count=$train_count" --set data.held_out=0 \
     --set "debate.batch_size=$BATCH" --set "train.steps=$STEPS" --set train.checkpoint_every=1 \
     --set train.keep_checkpoints=2 --set train.kl_coef=0.02 \
     --set train.ppo.minibatches=2 --set train.ppo.grad_accum=4 \
