@@ -223,6 +223,7 @@ impl RegistryArgs {
         Ok(oci::OciOptions {
             insecure: self.insecure,
             credentials,
+            deadline: None,
         })
     }
 }
