@@ -146,12 +146,18 @@ impl Deadline {
 /// characters kept, and a cut text marked as cut with its full length.
 pub fn server_text(text: &str) -> String {
     let text = text.trim();
+    bounded(text, || format!("{} bytes", text.len()))
+}
+
+/// `text` escaped and cut to [`SERVER_TEXT_MAX`] characters, a cut one marked with how
+/// long it was (`length`).
+fn bounded(text: &str, length: impl FnOnce() -> String) -> String {
     let shown = printable(text);
     if shown.chars().count() <= SERVER_TEXT_MAX {
         return shown.into_owned();
     }
     let cut: String = shown.chars().take(SERVER_TEXT_MAX).collect();
-    format!("{cut}[... cut, {} bytes in all]", text.len())
+    format!("{cut}[... cut, {} in all]", length())
 }
 
 /// [`server_text`] of bytes that may not be UTF-8.
@@ -166,9 +172,16 @@ pub fn error_body(response: &mut ureq::http::Response<ureq::Body>) -> String {
     let _ = response
         .body_mut()
         .as_reader()
-        .take(ERROR_BODY_MAX)
+        .take(ERROR_BODY_MAX + 1)
         .read_to_end(&mut bytes);
-    server_bytes(&bytes)
+    let more = bytes.len() as u64 > ERROR_BODY_MAX;
+    bytes.truncate(ERROR_BODY_MAX as usize);
+    let text = String::from_utf8_lossy(&bytes);
+    let text = text.trim();
+    bounded(text, || match more {
+        true => format!("more than {ERROR_BODY_MAX} bytes"),
+        false => format!("{} bytes", text.len()),
+    })
 }
 
 /// How a capped copy went.
@@ -256,6 +269,36 @@ mod tests {
         assert!(!shown.chars().any(|c| c.is_control()));
         assert_eq!(server_text("  plain  "), "plain");
         assert_eq!(server_bytes(b"a\xffb"), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn error_bodies_are_read_to_a_bound_and_say_when_there_was_more() {
+        let body = |bytes: Vec<u8>| {
+            let mut r = ureq::http::Response::new(ureq::Body::builder().data(bytes));
+            error_body(&mut r)
+        };
+        assert_eq!(
+            body(b"  {\"error\": \"no\"}\n".to_vec()),
+            "{\"error\": \"no\"}"
+        );
+        assert_eq!(body(Vec::new()), "");
+        let shown = body(hostile_megabyte());
+        assert!(
+            shown.ends_with("[... cut, more than 16384 bytes in all]"),
+            "{shown}"
+        );
+        assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
+        let shown = body(vec![b'x'; 1000]);
+        assert!(shown.ends_with("[... cut, 1000 bytes in all]"), "{shown}");
+    }
+
+    fn hostile_megabyte() -> Vec<u8> {
+        b"\x1b]0;t\x07\r\nerror: forged\n"
+            .iter()
+            .copied()
+            .cycle()
+            .take(1 << 20)
+            .collect()
     }
 
     #[test]
