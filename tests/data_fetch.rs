@@ -421,6 +421,15 @@ fn hostile_host(answer: Answer) -> hostile::Server {
 
 const TRAIN_BYTES: usize = 4_166_206;
 
+/// Environment variables for a command.
+type Vars = &'static [(&'static str, &'static str)];
+
+/// A whole-request deadline of 2 s (and a negligible one a byte).
+const TRICKLE: Vars = &[
+    ("MAPORL_HTTP_TIMEOUT", "2"),
+    ("MAPORL_HTTP_MIN_RATE", "1000000000"),
+];
+
 #[test]
 fn a_hostile_hosts_words_sizes_and_trickles_are_refused_leaving_nothing() {
     use std::time::Instant;
@@ -432,12 +441,8 @@ fn a_hostile_hosts_words_sizes_and_trickles_are_refused_leaving_nothing() {
         .take(1 << 20)
         .collect();
     let gap = Duration::from_millis(100);
-    let trickle = [
-        ("MAPORL_HTTP_TIMEOUT", "2"),
-        ("MAPORL_HTTP_MIN_RATE", "1000000000"),
-    ];
     // (what, the host, the dataset, environment, what the error must say)
-    let cases: Vec<(&str, hostile::Server, &str, &[(&str, &str)], &str)> = vec![
+    let cases: Vec<(&str, hostile::Server, &str, Vars, &str)> = vec![
         (
             "an error body",
             hostile_host(Answer::new(404, hostile::hostile_body(100_000))),
@@ -485,14 +490,14 @@ fn a_hostile_hosts_words_sizes_and_trickles_are_refused_leaving_nothing() {
             "a trickled body",
             hostile_host(Answer::new(200, vec![b'x'; TRAIN_BYTES]).trickle_body(gap)),
             "gsm8k",
-            &trickle,
+            TRICKLE,
             "deadline of 2.0 s",
         ),
         (
             "a trickled status line",
             hostile_host(Answer::new(200, vec![b'x'; 1000]).trickle_all(gap)),
             "anli",
-            &trickle,
+            TRICKLE,
             "deadline of 2.3 s",
         ),
     ];

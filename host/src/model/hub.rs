@@ -299,7 +299,7 @@ impl Hub {
             token,
             offline,
             max_file_bytes,
-            deadline: Deadline::from_vars(&var)?,
+            deadline: Deadline::from_vars(var)?,
         })
     }
 
