@@ -46,17 +46,8 @@ impl Env {
     /// registry login leaks in from the user's environment or docker config.
     fn maporl_with(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&str>) -> Output {
         use std::io::Write;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_maporl"))
-            .args(args)
-            .current_dir(self.root.path())
-            .env("MAPORL_BUNDLES", self.store())
-            .env("MAPORL_TRUSTED_KEYS", self.trusted())
-            .env("MAPORL_CACHE_DIR", self.path("cache"))
-            .env("MAPORL_PLUGINS", plugins_dir())
-            .env("DOCKER_CONFIG", self.path("docker"))
-            .env_remove("MAPORL_REGISTRY_USER")
-            .env_remove("MAPORL_REGISTRY_PASSWORD")
-            .envs(envs.iter().copied())
+        let mut child = self
+            .command(args, envs)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -68,6 +59,24 @@ impl Env {
         }
         drop(pipe);
         child.wait_with_output().expect("running maporl")
+    }
+
+    /// The maporl command [`Env::maporl_with`] runs.
+    fn command(&self, args: &[&str], envs: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_maporl"));
+        cmd.args(args)
+            .current_dir(self.root.path())
+            .env("MAPORL_BUNDLES", self.store())
+            .env("MAPORL_TRUSTED_KEYS", self.trusted())
+            .env("MAPORL_CACHE_DIR", self.path("cache"))
+            .env("MAPORL_PLUGINS", plugins_dir())
+            .env("DOCKER_CONFIG", self.path("docker"))
+            .env_remove("MAPORL_REGISTRY_USER")
+            .env_remove("MAPORL_REGISTRY_PASSWORD")
+            .env_remove("MAPORL_HTTP_TIMEOUT")
+            .env_remove("MAPORL_HTTP_MIN_RATE")
+            .envs(envs.iter().copied());
+        cmd
     }
 
     /// Runs maporl, asserts success, returns stdout and stderr together.
@@ -1459,4 +1468,549 @@ fn versions_order_by_precedence_with_build_metadata_ignored() {
         shown,
         ["0.1.0+aaa", "0.1.0+zzz", "0.1.1-rc.1", "0.1.1", "0.2.0"]
     );
+}
+
+// A hostile registry (and token server) on loopback, written here: what it says reaches the
+// terminal escaped and cut short, sizes are checked before a byte is written, a layer streams
+// to disk, and a server that trickles is cut off at the whole-request deadline.
+
+use maporl::bundle::oci::{
+    BUNDLE_MANIFEST_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, TITLE, WASM_CONFIG_MEDIA_TYPE,
+    WASM_LAYER_MEDIA_TYPE,
+};
+use support::hostile::{self, Answer, HOSTILE_TEXT};
+
+fn digest_of(bytes: &[u8]) -> String {
+    format!("sha256:{}", bundle::sha256_hex(bytes))
+}
+
+/// An OCI manifest of a wasm artifact with `layers`: (media type, title, digest, size).
+fn oci_manifest(layers: &[(&str, &str, String, u64)]) -> Vec<u8> {
+    let layers: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|(media, title, digest, size)| {
+            serde_json::json!({
+                "mediaType": media, "digest": digest, "size": size,
+                "annotations": { TITLE: title },
+            })
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": { "mediaType": WASM_CONFIG_MEDIA_TYPE, "digest": digest_of(b"{}"), "size": 2 },
+        "layers": layers,
+    }))
+    .unwrap()
+}
+
+/// One wasm layer holding `wasm`, then a bundle.toml layer holding `toml`.
+fn two_layers(wasm: &[u8], toml: &[u8]) -> Vec<(&'static str, &'static str, String, u64)> {
+    vec![
+        (
+            WASM_LAYER_MEDIA_TYPE,
+            "a.wasm",
+            digest_of(wasm),
+            wasm.len() as u64,
+        ),
+        (
+            BUNDLE_MANIFEST_MEDIA_TYPE,
+            "bundle.toml",
+            digest_of(toml),
+            toml.len() as u64,
+        ),
+    ]
+}
+
+/// A registry answering every manifest request with `manifest` and every blob request with
+/// `blob(digest)`.
+fn hostile_registry(
+    manifest: Answer,
+    blob: impl Fn(&str) -> Answer + Send + Sync + 'static,
+) -> hostile::Server {
+    hostile::Server::start(move |r| {
+        if r.path().contains("/manifests/") {
+            manifest.clone()
+        } else if let Some((_, digest)) = r.path().split_once("/blobs/") {
+            blob(digest)
+        } else {
+            Answer::new(404, "")
+        }
+    })
+}
+
+/// A registry serving `manifest` and the blobs in `blobs`, by digest.
+fn registry_serving(manifest: Vec<u8>, blobs: Vec<Vec<u8>>) -> hostile::Server {
+    let blobs: std::collections::HashMap<String, Vec<u8>> =
+        blobs.into_iter().map(|b| (digest_of(&b), b)).collect();
+    hostile_registry(
+        Answer::new(200, manifest).header("Content-Type", MANIFEST_MEDIA_TYPE),
+        move |d| match blobs.get(d) {
+            Some(b) => Answer::new(200, b.clone()),
+            None => Answer::new(404, ""),
+        },
+    )
+}
+
+/// A registry that wants a bearer token from its token server (on the same address), which
+/// answers with `token`.
+fn registry_with_token_server(token: Answer) -> hostile::Server {
+    hostile::Server::start(move |r| {
+        if r.path() == "/token" {
+            return token.clone();
+        }
+        let host = r.header("host").unwrap_or("");
+        Answer::new(401, "").header(
+            "WWW-Authenticate",
+            format!("Bearer realm=\"http://{host}/token\",service=\"hostile\""),
+        )
+    })
+}
+
+/// Nothing of a refused pull is left: no `pulled`, no temporary directory beside it.
+fn assert_nothing_left(env: &Env, what: &str) {
+    assert!(!env.path("pulled").exists(), "{what}: `pulled` was left");
+    let temps: Vec<String> = std::fs::read_dir(env.root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(temps.is_empty(), "{what}: left {temps:?}");
+}
+
+fn pull_from(env: &Env, server: &hostile::Server, envs: &[(&str, &str)]) -> (bool, String) {
+    let reference = format!("{}/labs/hostile:1.0", server.addr);
+    let out = env.maporl_with(
+        &["bundle", "pull", &reference, "--out", "pulled"],
+        envs,
+        None,
+    );
+    (out.status.success(), text(&out))
+}
+
+fn blob_requests(server: &hostile::Server) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|(_, t)| t.contains("/blobs/"))
+        .count()
+}
+
+#[test]
+fn a_hostile_registrys_words_reach_the_terminal_escaped_and_cut_short() {
+    let env = Env::new();
+    let long = "A".repeat(30_000);
+    let megabyte: Vec<u8> = HOSTILE_TEXT
+        .as_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(1 << 20)
+        .collect();
+    let (wasm, toml) = (b"\0asm not really".to_vec(), b"[bundle]\n".to_vec());
+    let good = oci_manifest(&two_layers(&wasm, &toml));
+    let with_layer =
+        |media: &str, title: &str, digest: &str| oci_manifest(&[(media, title, digest.into(), 10)]);
+    let mut bad_media: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    bad_media["mediaType"] = HOSTILE_TEXT.into();
+    let mut bad_config: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    bad_config["config"]["mediaType"] = format!("{HOSTILE_TEXT}{long}").into();
+    // (what, the registry, what the error must say, whether the server's text shows, escaped)
+    let cases: Vec<(&str, hostile::Server, &str, bool)> = vec![
+        (
+            "an error body",
+            hostile_registry(Answer::new(404, hostile::hostile_body(100_000)), |_| {
+                Answer::new(404, "")
+            }),
+            "HTTP 404",
+            true,
+        ),
+        (
+            "a megabyte of escape sequences",
+            hostile_registry(Answer::new(500, megabyte.clone()), |_| Answer::new(404, "")),
+            "HTTP 500",
+            true,
+        ),
+        (
+            "a token server's error",
+            registry_with_token_server(Answer::new(500, hostile::hostile_body(50_000))),
+            "token server",
+            true,
+        ),
+        (
+            "a token server's error, unframed",
+            registry_with_token_server(Answer::new(503, megabyte.clone()).unframed()),
+            "token server",
+            true,
+        ),
+        (
+            "an unknown authentication scheme",
+            hostile::Server::start({
+                let long = long.clone();
+                move |_| Answer::new(401, "").header("WWW-Authenticate", format!("X{long}"))
+            }),
+            "authentication",
+            false,
+        ),
+        (
+            "a bearer realm that is no URL",
+            hostile::Server::start({
+                let long = long.clone();
+                move |_| {
+                    Answer::new(401, "")
+                        .header("WWW-Authenticate", format!("Bearer realm=\"{long}\""))
+                }
+            }),
+            "is not a URL",
+            false,
+        ),
+        (
+            "the manifest's media type",
+            registry_serving(serde_json::to_vec(&bad_media).unwrap(), vec![]),
+            "media type",
+            true,
+        ),
+        (
+            "the config's media type",
+            registry_serving(serde_json::to_vec(&bad_config).unwrap(), vec![]),
+            "not a wasm artifact",
+            true,
+        ),
+        (
+            "a layer's title",
+            registry_serving(
+                with_layer(WASM_LAYER_MEDIA_TYPE, HOSTILE_TEXT, &digest_of(b"x")),
+                vec![],
+            ),
+            "title annotation",
+            true,
+        ),
+        (
+            "a layer's media type",
+            registry_serving(
+                with_layer(&format!("{HOSTILE_TEXT}{long}"), "a.wasm", &digest_of(b"x")),
+                vec![],
+            ),
+            "not a layer of a maporl bundle",
+            true,
+        ),
+        (
+            "a layer's digest",
+            registry_serving(
+                with_layer(
+                    WASM_LAYER_MEDIA_TYPE,
+                    "a.wasm",
+                    &format!("sha256:{HOSTILE_TEXT}{long}"),
+                ),
+                vec![],
+            ),
+            "is not sha256",
+            true,
+        ),
+        (
+            "a Docker-Content-Digest header",
+            hostile_registry(
+                Answer::new(200, good.clone())
+                    .header("Docker-Content-Digest", format!("sha256:{long}")),
+                |_| Answer::new(404, ""),
+            ),
+            "the registry says sha256:AAAA",
+            false,
+        ),
+        (
+            "a blob's error body",
+            hostile_registry(Answer::new(200, good.clone()), |_| {
+                Answer::new(403, hostile::hostile_body(100_000))
+            }),
+            "HTTP 403",
+            true,
+        ),
+    ];
+    for (what, server, says, shown) in cases {
+        let (ok, out) = pull_from(&env, &server, &[]);
+        eprintln!("--- {what}:\n{out}");
+        assert!(!ok, "{what}: the pull succeeded:\n{out}");
+        assert!(out.contains(says), "{what}: no {says:?} in:\n{out}");
+        hostile::assert_terminal_safe(&out, 3000);
+        if shown {
+            // Shown, escaped: not dropped.
+            assert!(out.contains("\\u{1b}"), "{what}: {out}");
+        }
+        assert!(
+            !out.contains(&"A".repeat(400)),
+            "{what}: the text is not cut short:\n{out}"
+        );
+        assert_nothing_left(&env, what);
+    }
+}
+
+#[test]
+fn layers_and_manifests_over_their_declared_size_or_cap_are_refused_leaving_nothing() {
+    use maporl::files::{COMPONENT_MAX, TEXT_MAX};
+    let env = Env::new();
+    let toml = b"[bundle]\n".to_vec();
+    let toml_layer = (
+        BUNDLE_MANIFEST_MEDIA_TYPE,
+        "bundle.toml",
+        digest_of(&toml),
+        toml.len() as u64,
+    );
+    fn fake(n: usize) -> String {
+        format!("sha256:{:064x}", n + 1)
+    }
+    fn wasm_of(title: &str, size: u64, n: usize) -> (&'static str, &str, String, u64) {
+        (WASM_LAYER_MEDIA_TYPE, title, fake(n), size)
+    }
+    let thousand: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+    let thousand_layers = two_layers(&thousand, &toml);
+    let titles: Vec<String> = (0..300).map(|i| format!("c{i}.wasm")).collect();
+    let many: Vec<_> = titles
+        .iter()
+        .enumerate()
+        .map(|(i, t)| wasm_of(t, 10, i))
+        .chain([toml_layer.clone()])
+        .collect();
+    let heavy: Vec<_> = titles[..17]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| wasm_of(t, COMPONENT_MAX, i))
+        .chain([toml_layer.clone()])
+        .collect();
+    let no_size = {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&oci_manifest(&thousand_layers)).unwrap();
+        v["layers"][0].as_object_mut().unwrap().remove("size");
+        serde_json::to_vec(&v).unwrap()
+    };
+    let serve_thousand = |answer: Answer| {
+        hostile_registry(
+            Answer::new(200, oci_manifest(&thousand_layers)),
+            move |_| answer.clone(),
+        )
+    };
+    let ten_mib = vec![b'x'; 10 << 20];
+    // (what, the registry, what the error must say, whether a blob may be asked for)
+    let cases: Vec<(&str, hostile::Server, &str, bool)> = vec![
+        (
+            "a component over 64 MiB",
+            registry_serving(
+                oci_manifest(&[wasm_of("a.wasm", COMPONENT_MAX + 1, 1), toml_layer.clone()]),
+                vec![],
+            ),
+            "over the limit of 64 MiB",
+            false,
+        ),
+        (
+            "a bundle.toml over 4 MiB",
+            registry_serving(
+                oci_manifest(&[(
+                    BUNDLE_MANIFEST_MEDIA_TYPE,
+                    "bundle.toml",
+                    fake(2),
+                    TEXT_MAX + 1,
+                )]),
+                vec![],
+            ),
+            "over the limit of 4 MiB",
+            false,
+        ),
+        (
+            "layers over 1 GiB together",
+            registry_serving(oci_manifest(&heavy), vec![]),
+            "over the limit of 1 GiB for a pull",
+            false,
+        ),
+        (
+            "300 layers",
+            registry_serving(oci_manifest(&many), vec![]),
+            "over the limit of 256",
+            false,
+        ),
+        (
+            "a layer with no size",
+            registry_serving(no_size, vec![]),
+            "declares no size",
+            false,
+        ),
+        (
+            "a blob announcing 10 MiB where 1000 bytes are declared",
+            serve_thousand(Answer::new(200, ten_mib.clone())),
+            "Content-Length",
+            true,
+        ),
+        (
+            "a blob sending 10 MiB, unframed, where 1000 bytes are declared",
+            serve_thousand(Answer::new(200, ten_mib.clone()).unframed()),
+            "more than the 1000 bytes",
+            true,
+        ),
+        (
+            "a blob one byte longer than declared, unframed",
+            serve_thousand(Answer::new(200, [&thousand[..], b"!"].concat()).unframed()),
+            "more than the 1000 bytes",
+            true,
+        ),
+        (
+            "a blob shorter than declared",
+            serve_thousand(Answer::new(200, &thousand[..600]).unframed()),
+            "ended after 600 of the 1000 bytes",
+            true,
+        ),
+        (
+            "a blob of the declared size with another digest",
+            serve_thousand(Answer::new(200, vec![0u8; 1000])),
+            "digest",
+            true,
+        ),
+        (
+            "a manifest announcing 5 MiB",
+            hostile_registry(Answer::new(200, vec![b' '; 5 << 20]), |_| {
+                Answer::new(404, "")
+            }),
+            "over the limit of 4 MiB",
+            false,
+        ),
+        (
+            "a manifest of 5 MiB, unframed",
+            hostile_registry(Answer::new(200, vec![b' '; 5 << 20]).unframed(), |_| {
+                Answer::new(404, "")
+            }),
+            "over the limit of 4 MiB",
+            false,
+        ),
+    ];
+    for (what, server, says, blobs_asked) in cases {
+        let (ok, out) = pull_from(&env, &server, &[]);
+        eprintln!("--- {what}:\n{out}");
+        assert!(!ok, "{what}: the pull succeeded:\n{out}");
+        assert!(out.contains(says), "{what}: no {says:?} in:\n{out}");
+        if !blobs_asked {
+            assert_eq!(
+                blob_requests(&server),
+                0,
+                "{what}: refused only after downloading:\n{out}"
+            );
+        }
+        hostile::assert_terminal_safe(&out, 3000);
+        assert_nothing_left(&env, what);
+    }
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_large_layer_streams_to_disk_in_bounded_memory() {
+    let env = Env::new();
+    // Not a bundle.toml: the pull fails after the layer before it is in.
+    let toml = b"this is [[ not toml".to_vec();
+    let mut peak = Vec::new();
+    for size in [1024usize, 48 << 20] {
+        let wasm: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let manifest = oci_manifest(&two_layers(&wasm, &toml));
+        let (wasm_digest, toml_body) = (digest_of(&wasm), toml.clone());
+        // The second layer comes a while after the first, so the command lives on after
+        // the large one is in, and its peak memory is read then.
+        let server = hostile_registry(Answer::new(200, manifest), move |d| {
+            if d == wasm_digest {
+                Answer::new(200, wasm.clone())
+            } else {
+                Answer::new(200, toml_body.clone()).after(std::time::Duration::from_millis(300))
+            }
+        });
+        let reference = format!("{}/labs/hostile:1.0", server.addr);
+        let (out, bytes) = hostile::output_and_peak_memory(
+            &mut env.command(&["bundle", "pull", &reference, "--out", "pulled"], &[]),
+        );
+        let out_text = text(&out);
+        assert!(!out.status.success(), "{out_text}");
+        assert!(out_text.contains("bundle.toml"), "{out_text}");
+        assert_eq!(blob_requests(&server), 2, "both layers were downloaded");
+        assert_nothing_left(&env, "a large layer");
+        peak.push(bytes);
+    }
+    eprintln!(
+        "peak resident memory of `maporl bundle pull`: {} MiB with a 1 KiB layer, {} MiB with a \
+         48 MiB one",
+        peak[0] >> 20,
+        peak[1] >> 20
+    );
+    assert!(
+        peak[1] < peak[0] + (16 << 20),
+        "a 48 MiB layer raised the peak memory from {} to {} MiB: it was not streamed",
+        peak[0] >> 20,
+        peak[1] >> 20
+    );
+}
+
+#[test]
+fn a_trickling_registry_is_cut_off_at_the_whole_request_deadline() {
+    use std::time::{Duration, Instant};
+    let env = Env::new();
+    let gap = Duration::from_millis(100);
+    let big: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    let toml = b"[bundle]\n".to_vec();
+    let manifest = oci_manifest(&two_layers(&big, &toml));
+    const DEADLINE: &str = "deadline of 2.";
+    // (what trickles, the registry, what the error must say)
+    let cases: Vec<(&str, hostile::Server, &str)> = vec![
+        (
+            "the manifest's status line and headers",
+            hostile_registry(Answer::new(200, manifest.clone()).trickle_all(gap), |_| {
+                Answer::new(404, "")
+            }),
+            DEADLINE,
+        ),
+        (
+            "the manifest's body",
+            hostile_registry(Answer::new(200, manifest.clone()).trickle_body(gap), |_| {
+                Answer::new(404, "")
+            }),
+            DEADLINE,
+        ),
+        (
+            // What arrived of the error body is shown; the rest never comes.
+            "an error body",
+            hostile_registry(
+                Answer::new(404, hostile::hostile_body(10_000)).trickle_body(gap),
+                |_| Answer::new(404, ""),
+            ),
+            "HTTP 404",
+        ),
+        (
+            "the token server's answer",
+            registry_with_token_server(
+                Answer::new(200, r#"{"token": "t"}"#.repeat(100)).trickle_all(gap),
+            ),
+            DEADLINE,
+        ),
+        (
+            "a layer",
+            hostile_registry(Answer::new(200, manifest.clone()), move |_| {
+                Answer::new(200, big.clone()).trickle_body(gap)
+            }),
+            "deadline of 2.1 s",
+        ),
+    ];
+    let envs = [
+        ("MAPORL_HTTP_TIMEOUT", "2"),
+        ("MAPORL_HTTP_MIN_RATE", "1000000"),
+    ];
+    for (what, server, says) in cases {
+        let started = Instant::now();
+        let (ok, out) = pull_from(&env, &server, &envs);
+        let took = started.elapsed();
+        eprintln!("--- {what} ({took:?}):\n{out}");
+        assert!(!ok, "{what}: the pull succeeded:\n{out}");
+        assert!(out.contains(says), "{what}: no {says:?} in:\n{out}");
+        if says.starts_with("deadline") {
+            assert!(out.contains("MAPORL_HTTP_TIMEOUT=2"), "{what}: {out}");
+        }
+        // The deadline is 2 s (plus 0.1 s for the layer's 100 000 bytes); generous for a
+        // loaded machine, far below the minute a trickle lasts.
+        assert!(
+            took < Duration::from_secs(20),
+            "{what}: took {took:?}:\n{out}"
+        );
+        hostile::assert_terminal_safe(&out, 3000);
+        assert_nothing_left(&env, what);
+    }
 }

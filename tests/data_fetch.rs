@@ -373,3 +373,152 @@ fn unknown_dataset_lists_the_known_ones() {
         "{msg}"
     );
 }
+
+// A hostile host (or mirror) on loopback, through the `maporl` binary: what it says reaches
+// the terminal escaped and cut short, a file of another size than pinned or over the cap is
+// refused leaving nothing, and a server that trickles is cut off at the deadline.
+
+mod support;
+
+use support::hostile::{self, Answer};
+
+/// `maporl data fetch DATASET DIR` from the mirror `server`, with `envs`.
+fn fetch_from(
+    server: &hostile::Server,
+    dataset: &str,
+    dir: &Path,
+    envs: &[(&str, &str)],
+) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["data", "fetch", dataset])
+        .arg(dir)
+        .env("MAPORL_DATA_MIRROR", server.url())
+        .env_remove("MAPORL_HTTP_TIMEOUT")
+        .env_remove("MAPORL_HTTP_MIN_RATE")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("running maporl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A host answering GSM8K's train.jsonl (the first file fetched) and the ANLI zip with
+/// `answer`, anything else with 404.
+fn hostile_host(answer: Answer) -> hostile::Server {
+    hostile::Server::start(move |r| {
+        let path = r.path();
+        if path == format!("{GSM8K_PATH}train.jsonl") || path == ANLI_PATH {
+            answer.clone()
+        } else {
+            Answer::new(404, "")
+        }
+    })
+}
+
+const TRAIN_BYTES: usize = 4_166_206;
+
+/// Environment variables for a command.
+type Vars = &'static [(&'static str, &'static str)];
+
+/// A whole-request deadline of 2 s (and a negligible one a byte).
+const TRICKLE: Vars = &[
+    ("MAPORL_HTTP_TIMEOUT", "2"),
+    ("MAPORL_HTTP_MIN_RATE", "1000000000"),
+];
+
+#[test]
+fn a_hostile_hosts_words_sizes_and_trickles_are_refused_leaving_nothing() {
+    use std::time::Instant;
+    let megabyte: Vec<u8> = hostile::HOSTILE_TEXT
+        .as_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(1 << 20)
+        .collect();
+    let gap = Duration::from_millis(100);
+    // (what, the host, the dataset, environment, what the error must say)
+    let cases: Vec<(&str, hostile::Server, &str, Vars, &str)> = vec![
+        (
+            "an error body",
+            hostile_host(Answer::new(404, hostile::hostile_body(100_000))),
+            "gsm8k",
+            &[],
+            "HTTP 404",
+        ),
+        (
+            "a megabyte error body, unframed",
+            hostile_host(Answer::new(500, megabyte.clone()).unframed()),
+            "anli",
+            &[],
+            "HTTP 500",
+        ),
+        (
+            "a Content-Length other than the pinned size",
+            hostile_host(Answer::new(200, vec![b'x'; 10 << 20])),
+            "gsm8k",
+            &[],
+            "announces 10485760 bytes (Content-Length), but the file is 4166206 bytes; \
+             refused before writing",
+        ),
+        (
+            "a byte more than the pinned size, unframed",
+            hostile_host(Answer::new(200, vec![b'x'; TRAIN_BYTES + 1]).unframed()),
+            "gsm8k",
+            &[],
+            "more than 4166206 bytes, but the file is 4166206 bytes; cut there and refused",
+        ),
+        (
+            "less than the pinned size, unframed",
+            hostile_host(Answer::new(200, vec![b'x'; 1000]).unframed()),
+            "gsm8k",
+            &[],
+            "sent 1000 bytes, but the file is 4166206 bytes",
+        ),
+        (
+            "a zip announced over the cap",
+            hostile_host(Answer::new(200, vec![b'x'; 1000]).header("Content-Length", "314572800")),
+            "anli",
+            &[],
+            "the limit is 268435456 bytes (256 MiB); refused before writing",
+        ),
+        (
+            "a trickled body",
+            hostile_host(Answer::new(200, vec![b'x'; TRAIN_BYTES]).trickle_body(gap)),
+            "gsm8k",
+            TRICKLE,
+            "deadline of 2.0 s",
+        ),
+        (
+            "a trickled status line",
+            hostile_host(Answer::new(200, vec![b'x'; 1000]).trickle_all(gap)),
+            "anli",
+            TRICKLE,
+            "deadline of 2.3 s",
+        ),
+    ];
+    for (what, server, dataset, envs, says) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let (ok, out) = fetch_from(&server, dataset, tmp.path(), envs);
+        let took = started.elapsed();
+        eprintln!("--- {what} ({took:?}):\n{out}");
+        assert!(!ok, "{what}: the fetch succeeded:\n{out}");
+        assert!(out.contains(says), "{what}: no {says:?} in:\n{out}");
+        hostile::assert_terminal_safe(&out, 3000);
+        if what.contains("error body") {
+            assert!(out.contains("\\u{1b}"), "{what}: {out}");
+        }
+        assert!(
+            !out.contains(&"A".repeat(400)),
+            "{what}: not cut short: {out}"
+        );
+        assert_eq!(files_under(tmp.path()), Vec::<String>::new(), "{what}");
+        // Generous for a loaded machine, far below the minute a trickle lasts.
+        assert!(took < Duration::from_secs(20), "{what}: took {took:?}");
+    }
+}

@@ -348,11 +348,17 @@ fn serve(
 }
 
 fn hub(server: &Server, cache: &Path) -> Hub {
+    hub_at(&server.base_url, cache)
+}
+
+fn hub_at(endpoint: &str, cache: &Path) -> Hub {
     Hub {
         cache: cache.to_path_buf(),
-        endpoint: server.base_url.clone(),
+        endpoint: endpoint.to_string(),
         token: None,
         offline: false,
+        max_file_bytes: maporl::model::hub::MAX_FILE_BYTES,
+        deadline: maporl::net::Deadline::default(),
     }
 }
 
@@ -424,6 +430,13 @@ fn assert_layout(cache: &Path, name: &str, files: &BTreeMap<String, Vec<u8>>) {
 }
 
 fn maporl(hf_home: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
+    command(hf_home, envs, args)
+        .output()
+        .expect("running maporl")
+}
+
+/// The maporl command [`maporl`] runs.
+fn command(hf_home: &Path, envs: &[(&str, &str)], args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_maporl"));
     cmd.args(args)
         .env("HF_HOME", hf_home)
@@ -436,13 +449,16 @@ fn maporl(hf_home: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
         "HF_HUB_OFFLINE",
         "HF_ENDPOINT",
         "XDG_CACHE_HOME",
+        "MAPORL_HTTP_TIMEOUT",
+        "MAPORL_HTTP_MIN_RATE",
+        "MAPORL_HUB_MAX_FILE_BYTES",
     ] {
         cmd.env_remove(var);
     }
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.output().expect("running maporl")
+    cmd
 }
 
 fn text(out: &Output) -> String {
@@ -455,6 +471,13 @@ fn text(out: &Output) -> String {
 
 /// `maporl debate` on `model_path`, two agents, two turns, a few tokens each.
 fn debate(hf_home: &Path, envs: &[(&str, &str)], model_path: &str) -> Output {
+    debate_command(hf_home, envs, model_path)
+        .output()
+        .expect("running maporl")
+}
+
+/// The command [`debate`] runs.
+fn debate_command(hf_home: &Path, envs: &[(&str, &str)], model_path: &str) -> Command {
     let config = repo().join("configs/smollm2-arith.toml");
     let mut args = vec![
         "debate".to_string(),
@@ -478,7 +501,7 @@ fn debate(hf_home: &Path, envs: &[(&str, &str)], model_path: &str) -> Output {
         args.push(set);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    maporl(hf_home, envs, &args)
+    command(hf_home, envs, &args)
 }
 
 #[test]
@@ -693,7 +716,8 @@ fn hf_token_goes_to_the_hub_as_a_bearer_header() {
     // Without HF_TOKEN, the token file in HF_HOME; on every request to the hub.
     std::fs::create_dir_all(&hf_home).unwrap();
     std::fs::write(hf_home.join("token"), "hf_fromfile\n").unwrap();
-    let hub = Hub::from_vars(|k| (k == "HF_HOME").then(|| hf_home.to_string_lossy().into()));
+    let hub =
+        Hub::from_vars(|k| (k == "HF_HOME").then(|| hf_home.to_string_lossy().into())).unwrap();
     assert_eq!(hub.token.as_deref(), Some("hf_fromfile"));
     let hub = Hub {
         endpoint: server.base_url.clone(),
@@ -712,14 +736,9 @@ fn hf_token_goes_to_the_hub_as_a_bearer_header() {
     // A repository the hub does not show without a token says so.
     let e = format!(
         "{:#}",
-        Hub {
-            cache: dir.path().join("other"),
-            endpoint: server.base_url.clone(),
-            token: None,
-            offline: false,
-        }
-        .snapshot(&model("private-one"))
-        .unwrap_err()
+        hub_at(&server.base_url, &dir.path().join("other"))
+            .snapshot(&model("private-one"))
+            .unwrap_err()
     );
     assert!(e.contains("HTTP 401") && e.contains("HF_TOKEN"), "{e}");
 }
@@ -921,4 +940,401 @@ fn planted_symlinks_in_the_cache_are_never_written_through() {
         "{e}"
     );
     assert!(!dir.path().join("made-by-lock").exists());
+}
+
+// A hostile hub and CDN on loopback (support::hostile, a thread per connection): what they
+// say reaches messages escaped and cut short, a model file over its announced size or the
+// maximum is refused leaving nothing, a download streams in bounded memory, and a server
+// that trickles is cut off at the whole-request deadline.
+
+use support::hostile::{self, Answer, HOSTILE_TEXT};
+
+/// A hub serving the tiny model at COMMIT as the real one does, but for `model.safetensors`:
+/// its HEAD is a redirect to `/cdn/weights` announcing the ETag `sha256(weights)` and the
+/// size `size` (none: no size at all), and `/cdn/weights` answers `cdn`. `config_head`, when
+/// given, answers the HEAD of config.json (the first request of a download).
+fn hostile_hub(
+    weights: &[u8],
+    size: Option<u64>,
+    config_head: Option<Answer>,
+    cdn: Answer,
+) -> hostile::Server {
+    let etag = sha256(weights);
+    let files = tiny_files().clone();
+    hostile::Server::start(move |r| {
+        let path = r.path().to_string();
+        if path == "/cdn/weights" {
+            return cdn.clone();
+        }
+        let parts: Vec<&str> = path.trim_start_matches('/').splitn(5, '/').collect();
+        let [_, _, "resolve", _, file] = parts.as_slice() else {
+            return Answer::new(404, "");
+        };
+        if let (Some(answer), "config.json", "HEAD") = (&config_head, *file, r.method.as_str()) {
+            return answer.clone();
+        }
+        if *file == "model.safetensors" {
+            let host = r.header("host").unwrap_or("");
+            let mut a = Answer::new(302, "")
+                .header("X-Repo-Commit", COMMIT)
+                .header("Location", format!("http://{host}/cdn/weights"))
+                .header("X-Linked-Etag", format!("\"{etag}\""))
+                .unframed();
+            if let Some(size) = size {
+                a = a.header("X-Linked-Size", size.to_string());
+            }
+            return a;
+        }
+        match files.get(*file) {
+            Some(bytes) => Answer::new(200, bytes.clone())
+                .header("X-Repo-Commit", COMMIT)
+                .header("ETag", format!("\"{}\"", etag_of(file, bytes))),
+            None => Answer::new(404, "")
+                .header("X-Repo-Commit", COMMIT)
+                .header("X-Error-Code", "EntryNotFound"),
+        }
+    })
+}
+
+fn hostile_hub_at(server: &hostile::Server, cache: &Path, max: u64, deadline_s: u64) -> Hub {
+    Hub {
+        max_file_bytes: max,
+        deadline: maporl::net::Deadline {
+            base: Duration::from_secs(deadline_s),
+            min_rate: 1_000_000_000,
+        },
+        ..hub_at(&server.url(), cache)
+    }
+}
+
+/// Nothing of `weights` is in the cache: no blob, no partial download, no snapshot (the
+/// lock files in `.locks/` stay, as `huggingface_hub`'s do).
+fn assert_no_weights(cache: &Path, weights: &[u8], what: &str) {
+    let all = files_under(cache);
+    let sha = sha256(weights);
+    assert!(
+        all.iter().filter(|f| !f.starts_with(".locks/")).all(|f| {
+            !f.contains(&sha) && !f.ends_with(".incomplete") && !f.contains("snapshots")
+        }),
+        "{what}: {all:?}"
+    );
+}
+
+fn cdn_requests(server: &hostile::Server) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|(_, t)| t.starts_with("/cdn/"))
+        .count()
+}
+
+#[test]
+fn a_hostile_hubs_words_reach_messages_escaped_and_cut_short() {
+    let weights = tiny_files()["model.safetensors"].clone();
+    let n = weights.len() as u64;
+    let long = "A".repeat(20_000);
+    let megabyte: Vec<u8> = HOSTILE_TEXT
+        .as_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(1 << 20)
+        .collect();
+    // (what, the hub, what the error must say, whether the server's text shows, escaped)
+    let cases: Vec<(&str, hostile::Server, &str, bool)> = vec![
+        (
+            "a CDN's error body",
+            hostile_hub(
+                &weights,
+                Some(n),
+                None,
+                Answer::new(403, hostile::hostile_body(100_000)),
+            ),
+            "HTTP 403",
+            true,
+        ),
+        (
+            "a megabyte error body, unframed",
+            hostile_hub(
+                &weights,
+                Some(n),
+                None,
+                Answer::new(500, megabyte.clone()).unframed(),
+            ),
+            "HTTP 500",
+            true,
+        ),
+        (
+            "the hub's error headers",
+            hostile_hub(
+                &weights,
+                Some(n),
+                Some(
+                    Answer::new(401, "")
+                        .header("X-Error-Code", format!("Hostile{long}"))
+                        .header("X-Error-Message", long.clone()),
+                ),
+                Answer::new(404, ""),
+            ),
+            "HTTP 401",
+            false,
+        ),
+        (
+            "an X-Repo-Commit",
+            hostile_hub(
+                &weights,
+                Some(n),
+                Some(
+                    Answer::new(200, "")
+                        .header("X-Repo-Commit", format!("zz{long}"))
+                        .header("ETag", "\"abc\""),
+                ),
+                Answer::new(404, ""),
+            ),
+            "refusing X-Repo-Commit",
+            false,
+        ),
+        (
+            "a size",
+            hostile_hub(
+                &weights,
+                Some(n),
+                Some(
+                    Answer::new(200, "")
+                        .header("X-Repo-Commit", COMMIT)
+                        .header("ETag", "\"abc\"")
+                        .header("X-Linked-Size", format!("1{long}")),
+                ),
+                Answer::new(404, ""),
+            ),
+            "not a number",
+            false,
+        ),
+    ];
+    for (what, server, says, shown) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let e = format!(
+            "{:#}",
+            hostile_hub_at(&server, &dir.path().join("hub"), 1 << 30, 120)
+                .snapshot(&model(NAME))
+                .unwrap_err()
+        );
+        eprintln!("--- {what}: {e}");
+        assert!(e.contains(says), "{what}: no {says:?} in:\n{e}");
+        hostile::assert_terminal_safe(&e, 2000);
+        assert!(!e.contains('\n'), "{what}: {e}");
+        if shown {
+            assert!(e.contains("\\u{1b}"), "{what}: {e}");
+        }
+        assert!(!e.contains(&"A".repeat(400)), "{what}: not cut short: {e}");
+        assert_no_weights(&dir.path().join("hub"), &weights, what);
+    }
+    // What reaches the terminal from `maporl`, too.
+    let server = hostile_hub(
+        &weights,
+        Some(n),
+        None,
+        Answer::new(403, hostile::hostile_body(100_000)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = debate(
+        dir.path(),
+        &[("HF_ENDPOINT", &server.url())],
+        &format!("hf:{ORG}/{NAME}"),
+    );
+    let out = text(&out);
+    assert!(out.contains("HTTP 403") && out.contains("\\u{1b}"), "{out}");
+    hostile::assert_terminal_safe(&out, 8000);
+}
+
+#[test]
+fn model_files_over_their_announced_size_or_the_maximum_are_refused_leaving_nothing() {
+    let weights = tiny_files()["model.safetensors"].clone();
+    let n = weights.len() as u64;
+    // The other files are smaller: the weights are the ones over it.
+    const MAX: u64 = 2_000_000;
+    assert!(n > MAX);
+    assert!(
+        tiny_files()
+            .values()
+            .filter(|b| b.len() as u64 > MAX)
+            .count()
+            == 1
+    );
+    let ten_mib = vec![7u8; 10 << 20];
+    let longer = [&weights[..], &vec![7u8; 1 << 20]].concat();
+    // (what, the hub, the maximum, what the error must say, whether the CDN may be asked)
+    let cases: Vec<(&str, hostile::Server, u64, &str, bool)> = vec![
+        (
+            "announced over the maximum",
+            hostile_hub(&weights, Some(n), None, Answer::new(200, weights.clone())),
+            MAX,
+            "over the limit of 2000000 bytes",
+            false,
+        ),
+        (
+            "no size announced, over the maximum, unframed",
+            hostile_hub(
+                &weights,
+                None,
+                None,
+                Answer::new(200, weights.clone()).unframed(),
+            ),
+            MAX,
+            "over the limit of 2000000 bytes",
+            true,
+        ),
+        (
+            "no size announced, Content-Length over the maximum",
+            hostile_hub(&weights, None, None, Answer::new(200, weights.clone())),
+            MAX,
+            "refused before writing",
+            true,
+        ),
+        (
+            "a Content-Length other than the announced size",
+            hostile_hub(&weights, Some(n), None, Answer::new(200, ten_mib.clone())),
+            1 << 30,
+            "refused before writing",
+            true,
+        ),
+        (
+            "more than the announced size, unframed",
+            hostile_hub(
+                &weights,
+                Some(n),
+                None,
+                Answer::new(200, longer.clone()).unframed(),
+            ),
+            1 << 30,
+            "cut there and refused",
+            true,
+        ),
+    ];
+    for (what, server, max, says, cdn) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("hub");
+        let e = format!(
+            "{:#}",
+            hostile_hub_at(&server, &cache, max, 120)
+                .snapshot(&model(NAME))
+                .unwrap_err()
+        );
+        eprintln!("--- {what}: {e}");
+        assert!(e.contains(says), "{what}: no {says:?} in:\n{e}");
+        assert!(e.contains("model.safetensors"), "{what}: {e}");
+        if !cdn {
+            assert_eq!(
+                cdn_requests(&server),
+                0,
+                "{what}: downloaded before refusing"
+            );
+        }
+        assert_no_weights(&cache, &weights, what);
+    }
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_large_model_file_streams_to_disk_in_bounded_memory() {
+    let mut peak = Vec::new();
+    for size in [1024usize, 48 << 20] {
+        let weights: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        // Another file of the same size: the sha256 check fails once it is all in.
+        let sent: Vec<u8> = weights.iter().map(|b| b ^ 0x5a).collect();
+        let server = hostile_hub(&weights, Some(size as u64), None, Answer::new(200, sent));
+        let dir = tempfile::tempdir().unwrap();
+        let (out, bytes) = hostile::output_and_peak_memory(&mut debate_command(
+            dir.path(),
+            &[("HF_ENDPOINT", &server.url())],
+            &format!("hf:{ORG}/{NAME}"),
+        ));
+        let text = text(&out);
+        assert!(!out.status.success(), "{text}");
+        assert!(
+            text.contains("sha256 mismatch for model.safetensors"),
+            "{text}"
+        );
+        assert_eq!(cdn_requests(&server), 1);
+        assert_no_weights(&dir.path().join("hub"), &weights, "a large file");
+        peak.push(bytes);
+    }
+    eprintln!(
+        "peak resident memory of a hub download: {} MiB with a 1 KiB file, {} MiB with a \
+         48 MiB one",
+        peak[0] >> 20,
+        peak[1] >> 20
+    );
+    assert!(
+        peak[1] < peak[0] + (16 << 20),
+        "a 48 MiB file raised the peak memory from {} to {} MiB: it was not streamed",
+        peak[0] >> 20,
+        peak[1] >> 20
+    );
+}
+
+#[test]
+fn a_trickling_hub_is_cut_off_at_the_whole_request_deadline() {
+    use std::time::Instant;
+    let weights = tiny_files()["model.safetensors"].clone();
+    let n = weights.len() as u64;
+    let gap = Duration::from_millis(100);
+    let cases: Vec<(&str, hostile::Server, bool)> = vec![
+        (
+            "a HEAD answer",
+            hostile_hub(
+                &weights,
+                Some(n),
+                Some(
+                    Answer::new(200, "")
+                        .header("X-Repo-Commit", COMMIT)
+                        .header("ETag", "\"abc\"")
+                        .trickle_all(gap),
+                ),
+                Answer::new(404, ""),
+            ),
+            false,
+        ),
+        (
+            "the CDN's body",
+            hostile_hub(
+                &weights,
+                Some(n),
+                None,
+                Answer::new(200, weights.clone()).trickle_body(gap),
+            ),
+            true,
+        ),
+        (
+            "the CDN's status line",
+            hostile_hub(
+                &weights,
+                Some(n),
+                None,
+                Answer::new(200, weights.clone()).trickle_all(gap),
+            ),
+            false,
+        ),
+    ];
+    for (what, server, resumable) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let e = format!(
+            "{:#}",
+            hostile_hub_at(&server, &dir.path().join("hub"), 1 << 30, 2)
+                .snapshot(&model(NAME))
+                .unwrap_err()
+        );
+        eprintln!("--- {what}: {e}");
+        let took = started.elapsed();
+        assert!(
+            e.contains("deadline of 2.") && e.contains("MAPORL_HTTP_TIMEOUT=2"),
+            "{what}: {e}"
+        );
+        if resumable {
+            assert!(e.contains("run again to resume"), "{what}: {e}");
+        }
+        // Generous for a loaded machine, far below the minute a trickle lasts.
+        assert!(took < Duration::from_secs(20), "{what}: took {took:?}: {e}");
+    }
 }

@@ -14,6 +14,7 @@ pub mod distributed;
 pub mod eval;
 pub mod files;
 pub mod model;
+pub mod net;
 pub mod optim;
 pub mod plugin;
 pub mod report;

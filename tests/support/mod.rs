@@ -2,6 +2,8 @@
 //! fixtures) once per test binary, and makes runtimes and tasks.
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 

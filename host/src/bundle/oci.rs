@@ -17,14 +17,28 @@
 //! [`OciOptions::credentials`], else `MAPORL_REGISTRY_USER` + `MAPORL_REGISTRY_PASSWORD`, else
 //! `auths.REGISTRY.auth` in `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`
 //! (`docker login`). Neither the password nor a token is ever printed.
+//!
+//! The registry, its token server and any storage it redirects to are treated as hostile
+//! ([`crate::net`]): what they say reaches a message only escaped and cut short; every
+//! request has a whole-request deadline (`MAPORL_HTTP_TIMEOUT`, plus a layer's declared size
+//! at `MAPORL_HTTP_MIN_RATE`); a manifest is read up to [`MAX_MANIFEST`] bytes, lists at most
+//! [`MAX_LAYERS`] layers, each declaring a size within its kind's cap (a component's
+//! [`COMPONENT_MAX`], `bundle.toml`'s and its signature's [`TEXT_MAX`]) and all together
+//! within [`MAX_PULL_BYTES`], all checked before a byte is downloaded. A layer streams into
+//! a temporary file in the pull's temporary directory, hashed on the way and never read
+//! past its declared size; a layer whose size or digest is not the declared one leaves
+//! nothing behind.
 
 use std::cell::RefCell;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::files::{COMPONENT_MAX, TEXT_MAX};
+use crate::net::{self, server_text, size_words, Deadline};
 
 use super::manifest::SIGNATURE;
 use super::manifest::{check_file_name, sha256_hex, Manifest, MANIFEST};
@@ -36,9 +50,23 @@ pub const BUNDLE_MANIFEST_MEDIA_TYPE: &str = "application/vnd.maporl.bundle.mani
 pub const BUNDLE_SIGNATURE_MEDIA_TYPE: &str = "application/vnd.maporl.bundle.signature.v1+toml";
 pub const TITLE: &str = "org.opencontainers.image.title";
 
-/// The most a pulled manifest or blob may weigh.
-const MAX_MANIFEST: u64 = 4 << 20;
-const MAX_BLOB: u64 = 1 << 30;
+/// The most a pulled manifest may weigh (4 MiB, as a `bundle.toml`).
+pub const MAX_MANIFEST: u64 = TEXT_MAX;
+/// The most layers a pulled manifest may list.
+pub const MAX_LAYERS: usize = 256;
+/// The most a pull's layers may weigh together (1 GiB).
+pub const MAX_PULL_BYTES: u64 = 1 << 30;
+/// The most a token server's answer may weigh.
+const TOKEN_MAX: u64 = 1 << 20;
+
+/// The most a layer of `media_type` may weigh, and what to call it in messages.
+fn layer_cap(media_type: &str) -> (u64, &'static str) {
+    match media_type {
+        WASM_LAYER_MEDIA_TYPE => (COMPONENT_MAX, "plugin component"),
+        BUNDLE_SIGNATURE_MEDIA_TYPE => (TEXT_MAX, "bundle signature"),
+        _ => (TEXT_MAX, "bundle manifest"),
+    }
+}
 
 /// `REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`, e.g. `localhost:5000/labs/arith:0.1.0`.
 #[derive(Clone, Debug, PartialEq)]
@@ -150,6 +178,9 @@ pub struct OciOptions {
     /// The login to use; `None`: `MAPORL_REGISTRY_USER` + `MAPORL_REGISTRY_PASSWORD`, else
     /// the docker config's, else anonymous.
     pub credentials: Option<Credentials>,
+    /// Each request's whole-request deadline; `None`: from `MAPORL_HTTP_TIMEOUT` and
+    /// `MAPORL_HTTP_MIN_RATE` ([`Deadline::from_env`]).
+    pub deadline: Option<Deadline>,
 }
 
 /// A registry login: a user name and a password (or a personal access token).
@@ -366,6 +397,7 @@ struct Client {
     credentials: Option<Credentials>,
     /// The `Authorization` header earned for (this registry, `scope`), kept for the command.
     auth: RefCell<Option<String>>,
+    deadline: Deadline,
 }
 
 impl Client {
@@ -375,10 +407,16 @@ impl Client {
         } else {
             "https"
         };
+        let deadline = match opts.deadline {
+            Some(d) => d,
+            None => Deadline::from_env()?,
+        };
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(30)))
             .timeout_per_read(Some(Duration::from_secs(120)))
+            // Each request sets its own; this is for any that would not.
+            .timeout_global(Some(deadline.base))
             .user_agent(concat!("maporl/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -392,6 +430,7 @@ impl Client {
             insecure: opts.insecure,
             credentials: find_credentials(&r.registry, opts.credentials.as_ref())?,
             auth: RefCell::new(None),
+            deadline,
         })
     }
 
@@ -424,15 +463,19 @@ impl Client {
     }
 
     /// Sends a request; on a `401` answers the registry's challenge (a bearer token from its
-    /// realm, or Basic credentials) and sends it once more.
+    /// realm, or Basic credentials) and sends it once more. `bytes`: the most the body sent
+    /// or expected weighs, for the request's deadline (which covers reading the answer's body).
     fn send(
         &self,
         method: &str,
         url: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
+        bytes: u64,
     ) -> anyhow::Result<ureq::http::Response<ureq::Body>> {
         let mut answered = false;
+        let deadline = Some(self.deadline.for_bytes(bytes));
+        let shown = server_text(url);
         loop {
             let mut req = ureq::http::Request::builder().method(method).uri(url);
             for (k, v) in headers {
@@ -446,21 +489,28 @@ impl Client {
                 }
             }
             let resp = match body {
-                Some(b) => self.agent.run(req.body(b)?),
-                None => self.agent.run(req.body(())?),
+                Some(b) => {
+                    let req = self.agent.configure_request(req.body(b)?);
+                    self.agent.run(req.timeout_global(deadline).build())
+                }
+                None => {
+                    let req = self.agent.configure_request(req.body(())?);
+                    self.agent.run(req.timeout_global(deadline).build())
+                }
             }
-            .with_context(|| format!("{method} {url}"))?;
+            .map_err(|e| self.deadline.ureq_error(e, bytes))
+            .with_context(|| format!("{method} {shown}"))?;
             if resp.status().as_u16() != 401 {
                 return Ok(resp);
             }
             if answered {
                 match &self.credentials {
                     Some(c) => bail!(
-                        "{method} {url}: login refused: {} answered HTTP 401 after logging in {}",
+                        "{method} {shown}: login refused: {} answered HTTP 401 after logging in {}",
                         self.registry,
                         self.who(c)
                     ),
-                    None => bail!("{method} {url}: HTTP 401: {}", self.how_to_login()),
+                    None => bail!("{method} {shown}: HTTP 401: {}", self.how_to_login()),
                 }
             }
             let challenge = resp
@@ -471,7 +521,7 @@ impl Client {
                 .to_string();
             let header = self
                 .answer(&challenge)
-                .with_context(|| format!("{method} {url}: HTTP 401"))?;
+                .with_context(|| format!("{method} {shown}: HTTP 401"))?;
             *self.auth.borrow_mut() = Some(header);
             answered = true;
         }
@@ -506,8 +556,9 @@ impl Client {
                 self.registry
             ),
             other => bail!(
-                "{} asks for `{other}` authentication; only Bearer and Basic are supported",
-                self.registry
+                "{} asks for `{}` authentication; only Bearer and Basic are supported",
+                self.registry,
+                server_text(other)
             ),
         }
     }
@@ -524,9 +575,20 @@ impl Client {
             .split_once("://")
             .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
             .with_context(|| {
-                format!("{}: the token realm `{realm}` is not a URL", self.registry)
+                format!(
+                    "{}: the token realm `{}` is not a URL",
+                    self.registry,
+                    server_text(realm)
+                )
             })?;
-        let mut req = self.agent.get(realm);
+        // Named in messages: the server chose it.
+        let realm_host = server_text(realm_host);
+        let mut req = self
+            .agent
+            .get(realm)
+            .config()
+            .timeout_global(Some(self.deadline.base))
+            .build();
         if let Some(s) = service {
             req = req.query("service", s);
         }
@@ -535,17 +597,19 @@ impl Client {
             req = req.query("scope", s);
         }
         if let Some(c) = &self.credentials {
-            if realm.starts_with("http://") && !(self.insecure || is_loopback_host(realm_host)) {
+            if realm.starts_with("http://") && !(self.insecure || is_loopback_host(&realm_host)) {
                 bail!(
-                    "{}: the token server {realm} is plain HTTP; not sending credentials there \
+                    "{}: the token server {} is plain HTTP; not sending credentials there \
                      (--insecure to allow it)",
-                    self.registry
+                    self.registry,
+                    server_text(realm)
                 );
             }
             req = req.header("Authorization", &c.basic());
         }
         let mut resp = req
             .call()
+            .map_err(|e| self.deadline.ureq_error(e, 0))
             .with_context(|| format!("{}: asking {realm_host} for a token", self.registry))?;
         let status = resp.status().as_u16();
         if status == 401 || status == 403 {
@@ -563,20 +627,25 @@ impl Client {
                 ),
             }
         }
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(1 << 20)
-            .read_to_string()
-            .unwrap_or_default();
         if status != 200 {
             bail!(
                 "{}: its token server {realm_host} answered HTTP {status}: {}",
                 self.registry,
-                body.trim()
+                net::error_body(&mut resp)
             );
         }
-        let v: Value = serde_json::from_str(&body).with_context(|| {
+        let mut body = Vec::new();
+        let read = net::copy_capped(&mut resp.body_mut().as_reader(), &mut body, TOKEN_MAX, None)
+            .map_err(|e| self.deadline.io_error(e, 0))
+            .with_context(|| format!("{}: reading the token from {realm_host}", self.registry))?;
+        if read.over {
+            bail!(
+                "{}: the token server {realm_host} answered more than {} bytes; refused",
+                self.registry,
+                size_words(TOKEN_MAX)
+            );
+        }
+        let v: Value = serde_json::from_slice(&body).with_context(|| {
             format!(
                 "{}: the token server {realm_host} did not answer JSON",
                 self.registry
@@ -597,7 +666,7 @@ impl Client {
 
     fn blob_exists(&self, digest: &str) -> anyhow::Result<bool> {
         let url = self.url(&format!("blobs/{digest}"));
-        let resp = self.send("HEAD", &url, &[], None)?;
+        let resp = self.send("HEAD", &url, &[], None, 0)?;
         match resp.status().as_u16() {
             403 => {
                 self.expect(resp, "HEAD", &url, 200)?;
@@ -612,7 +681,7 @@ impl Client {
             return Ok(false);
         }
         let url = self.url("blobs/uploads/");
-        let resp = self.send("POST", &url, &[], Some(&[]))?;
+        let resp = self.send("POST", &url, &[], Some(&[]), 0)?;
         let resp = self.expect(resp, "POST", &url, 202)?;
         let loc = resp
             .headers()
@@ -627,6 +696,7 @@ impl Client {
             &put,
             &[("Content-Type", "application/octet-stream")],
             Some(bytes),
+            bytes.len() as u64,
         )?;
         self.expect(resp, "PUT", &put, 201)?;
         Ok(true)
@@ -639,6 +709,7 @@ impl Client {
             &url,
             &[("Content-Type", MANIFEST_MEDIA_TYPE)],
             Some(body),
+            body.len() as u64,
         )?;
         let resp = self.expect(resp, "PUT", &url, 201)?;
         Ok(resp
@@ -648,48 +719,98 @@ impl Client {
             .map(str::to_string))
     }
 
+    /// The manifest's bytes (at most [`MAX_MANIFEST`]) and the digest the registry gives it.
     fn get_manifest(&self, reference: &str) -> anyhow::Result<(Vec<u8>, Option<String>)> {
         let url = self.url(&format!("manifests/{reference}"));
-        let resp = self.send("GET", &url, &[("Accept", MANIFEST_MEDIA_TYPE)], None)?;
+        let resp = self.send("GET", &url, &[("Accept", MANIFEST_MEDIA_TYPE)], None, 0)?;
         let mut resp = self.expect(resp, "GET", &url, 200)?;
         let header = resp
             .headers()
             .get("docker-content-digest")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(MAX_MANIFEST)
-            .read_to_vec()
-            .with_context(|| format!("GET {url}: reading the manifest"))?;
+        let over = || {
+            format!(
+                "GET {url}: the manifest is over the limit of {} ({MAX_MANIFEST} bytes); refused",
+                size_words(MAX_MANIFEST)
+            )
+        };
+        if content_length(&resp).is_some_and(|n| n > MAX_MANIFEST) {
+            bail!("{}", over());
+        }
+        let mut body = Vec::new();
+        let read = net::copy_capped(
+            &mut resp.body_mut().as_reader(),
+            &mut body,
+            MAX_MANIFEST,
+            None,
+        )
+        .map_err(|e| self.deadline.io_error(e, 0))
+        .with_context(|| format!("GET {url}: reading the manifest"))?;
+        if read.over {
+            bail!("{}", over());
+        }
         Ok((body, header))
     }
 
-    fn get_blob(&self, digest: &str, size: u64) -> anyhow::Result<Vec<u8>> {
+    /// Streams the blob `digest` into a new file `title` in `dir`: a temporary file there,
+    /// hashed on the way, never written past the `size` the manifest declares, renamed into
+    /// place once its size and digest are the declared ones (removed otherwise).
+    fn download_blob(
+        &self,
+        digest: &str,
+        size: u64,
+        dir: &Path,
+        title: &str,
+    ) -> anyhow::Result<()> {
         let url = self.url(&format!("blobs/{digest}"));
-        let resp = self.send("GET", &url, &[], None)?;
+        let resp = self.send("GET", &url, &[], None, size)?;
         let resp = self.expect(resp, "GET", &url, 200)?;
-        let mut bytes = Vec::new();
-        resp.into_body()
-            .into_reader()
-            .take(size.min(MAX_BLOB) + 1)
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("GET {url}: reading the blob"))?;
-        if bytes.len() as u64 != size {
+        if let Some(announced) = content_length(&resp).filter(|n| *n != size) {
             bail!(
-                "GET {url}: the blob is {} bytes, but the manifest says {size}",
-                bytes.len()
+                "GET {url}: the registry announces {announced} bytes (Content-Length) for \
+                 {title}, but the manifest declares {size}; refused before writing"
             );
         }
-        let actual = format!("sha256:{}", sha256_hex(&bytes));
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".layer-")
+            .tempfile_in(dir)
+            .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+        let mut hasher = Sha256::new();
+        let copied = net::copy_capped(
+            &mut resp.into_body().into_reader(),
+            tmp.as_file_mut(),
+            size,
+            Some(&mut hasher),
+        )
+        .map_err(|e| self.deadline.io_error(e, size))
+        .with_context(|| format!("GET {url}: downloading {title}"))?;
+        if copied.over {
+            bail!(
+                "GET {url}: the registry sent more than the {size} bytes the manifest declares \
+                 for {title}; cut there and refused"
+            );
+        }
+        if copied.bytes != size {
+            bail!(
+                "GET {url}: {title} ended after {} of the {size} bytes the manifest declares; \
+                 refused",
+                copied.bytes
+            );
+        }
+        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != digest {
             bail!("GET {url}: the blob's digest is {actual}, not {digest}: refused");
         }
-        Ok(bytes)
+        let path = dir.join(title);
+        tmp.persist(&path)
+            .map_err(|e| e.error)
+            .with_context(|| format!("renaming a download into {}", path.display()))?;
+        Ok(())
     }
 
-    /// Refuses a response whose status is not `want`, with the registry's error text.
+    /// Refuses a response whose status is not `want`, with the registry's error text
+    /// (escaped and cut short).
     fn expect(
         &self,
         mut resp: ureq::http::Response<ureq::Body>,
@@ -701,12 +822,7 @@ impl Client {
         if status.as_u16() == want || (want == 200 && status.is_success()) {
             return Ok(resp);
         }
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(64 * 1024)
-            .read_to_string()
-            .unwrap_or_default();
+        let body = net::error_body(&mut resp);
         let hint = match (status.as_u16(), &self.credentials) {
             (401 | 403, Some(c)) => format!(
                 " ({} refused access to {} {})",
@@ -719,16 +835,28 @@ impl Client {
             _ => String::new(),
         };
         bail!(
-            "{method} {url}: HTTP {} {}{hint}{}",
+            "{method} {}: HTTP {} {}{hint}{}",
+            server_text(url),
             status.as_u16(),
             status.canonical_reason().unwrap_or(""),
-            if body.trim().is_empty() {
+            if body.is_empty() {
                 String::new()
             } else {
-                format!(": {}", body.trim())
+                format!(": the registry says: {body}")
             }
         )
     }
+}
+
+/// A response's `Content-Length`, when it has a valid one.
+fn content_length(resp: &ureq::http::Response<ureq::Body>) -> Option<u64> {
+    resp.headers()
+        .get("content-length")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn descriptor(media_type: &str, bytes: &[u8], title: &str, extra: &[(&str, &str)]) -> Value {
@@ -845,8 +973,9 @@ pub fn push(dir: &Path, r: &OciRef, opts: &OciOptions) -> anyhow::Result<PushRep
     let told = client.put_manifest(&tag, &body).with_context(ctx)?;
     if let Some(told) = told.filter(|t| *t != digest) {
         bail!(
-            "{}: the registry stored the manifest under digest {told}, not {digest}",
-            ctx()
+            "{}: the registry stored the manifest under digest {}, not {digest}",
+            ctx(),
+            server_text(&told)
         );
     }
     Ok(PushReport {
@@ -861,7 +990,10 @@ pub fn push(dir: &Path, r: &OciRef, opts: &OciOptions) -> anyhow::Result<PushRep
 }
 
 /// Pulls the bundle at `r` into `out` (created; it must not exist, or be empty), checking
-/// every digest and size. The caller verifies the bundle (signature, worlds) afterwards.
+/// every size and digest. The caller verifies the bundle (signature, worlds) afterwards.
+/// Every declared size is checked against its cap before any layer is downloaded; the
+/// layers stream into a temporary directory beside `out`, which becomes `out` only once
+/// every one of them is in and checked, and is removed otherwise.
 pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullReport> {
     let started = Instant::now();
     let ctx = || format!("pull {r}");
@@ -878,8 +1010,9 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
     }
     if let Some(told) = told.filter(|t| *t != digest) {
         bail!(
-            "{}: the manifest's digest is {digest}, but the registry says {told}: refused",
-            ctx()
+            "{}: the manifest's digest is {digest}, but the registry says {}: refused",
+            ctx(),
+            server_text(&told)
         );
     }
     let m: Value = serde_json::from_slice(&body)
@@ -889,27 +1022,46 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
         .filter(|mt| *mt != MANIFEST_MEDIA_TYPE)
     {
         bail!(
-            "{}: the manifest's media type is {mt}, not {MANIFEST_MEDIA_TYPE} (an image \
+            "{}: the manifest's media type is {}, not {MANIFEST_MEDIA_TYPE} (an image \
              index or another kind of artifact?)",
-            ctx()
+            ctx(),
+            server_text(mt)
         );
     }
     let config_type = m["config"]["mediaType"].as_str().unwrap_or("(none)");
     if config_type != WASM_CONFIG_MEDIA_TYPE {
         bail!(
-            "{}: not a wasm artifact (config media type {config_type}, expected \
+            "{}: not a wasm artifact (config media type {}, expected \
              {WASM_CONFIG_MEDIA_TYPE})",
-            ctx()
+            ctx(),
+            server_text(config_type)
         );
     }
     let layers = m["layers"].as_array().cloned().unwrap_or_default();
+    if layers.len() > MAX_LAYERS {
+        bail!(
+            "{}: the manifest lists {} layers, over the limit of {MAX_LAYERS}; refused",
+            ctx(),
+            layers.len()
+        );
+    }
     let mut wanted = Vec::new();
+    let mut declared_total = 0u64;
     for (i, l) in layers.iter().enumerate() {
         let media = l["mediaType"].as_str().unwrap_or("");
         let title = l["annotations"][TITLE].as_str().unwrap_or("");
         let d = l["digest"].as_str().unwrap_or("");
         let size = l["size"].as_u64();
-        let at = || format!("{}: layer {} ({media})", ctx(), i + 1);
+        // The media type and title are the registry's: named escaped and cut short.
+        let at = || {
+            format!(
+                "{}: layer {} ({}, {})",
+                ctx(),
+                i + 1,
+                server_text(title),
+                server_text(media)
+            )
+        };
         if ![
             WASM_LAYER_MEDIA_TYPE,
             BUNDLE_MANIFEST_MEDIA_TYPE,
@@ -919,7 +1071,13 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
         {
             bail!("{}: not a layer of a maporl bundle", at());
         }
-        check_file_name(title).with_context(|| format!("{}: its title annotation", at()))?;
+        if check_file_name(title).is_err() {
+            bail!(
+                "{}: its title annotation is not a plain file name (letters, digits, `-`, \
+                 `_`, `.`; at most 128 of them; not starting with `.`)",
+                at()
+            );
+        }
         let expected_title = match media {
             BUNDLE_MANIFEST_MEDIA_TYPE => Some(MANIFEST),
             BUNDLE_SIGNATURE_MEDIA_TYPE => Some(SIGNATURE),
@@ -928,18 +1086,45 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
         if expected_title.is_some_and(|t| t != title)
             || (expected_title.is_none() && (title == MANIFEST || title == SIGNATURE))
         {
-            bail!("{}: title {title:?} does not fit its media type", at());
+            bail!("{}: the title does not fit the media type", at());
         }
-        let Some(size) = size.filter(|s| *s <= MAX_BLOB) else {
-            bail!("{}: no size, or larger than 1 GiB", at());
+        let (cap, kind) = layer_cap(media);
+        let Some(size) = size else {
+            bail!("{}: declares no size", at());
         };
-        if !d.starts_with("sha256:") || d.len() != 71 {
-            bail!("{}: digest {d:?} is not sha256", at());
+        if size > cap {
+            bail!(
+                "{}: declares {size} bytes, over the limit of {} ({cap} bytes) for a {kind}; \
+                 refused before downloading",
+                at(),
+                size_words(cap)
+            );
+        }
+        if !d.starts_with("sha256:")
+            || d.len() != 71
+            || !d[7..]
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            bail!(
+                "{}: digest {} is not sha256: and 64 lower-case hex digits",
+                at(),
+                server_text(d)
+            );
         }
         if wanted.iter().any(|(t, _, _)| t == title) {
-            bail!("{}: two layers named {title:?}", at());
+            bail!("{}: two layers have this title", at());
         }
+        declared_total += size;
         wanted.push((title.to_string(), d.to_string(), size));
+    }
+    if declared_total > MAX_PULL_BYTES {
+        bail!(
+            "{}: the layers declare {declared_total} bytes together, over the limit of {} for \
+             a pull; refused before downloading",
+            ctx(),
+            size_words(MAX_PULL_BYTES)
+        );
     }
     if !wanted.iter().any(|(t, _, _)| t == MANIFEST) {
         bail!(
@@ -964,16 +1149,15 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    // Removed when dropped: on any error below, nothing is left behind.
     let tmp = tempfile::Builder::new()
         .prefix(".pulling-")
         .tempdir_in(parent)
         .with_context(|| format!("creating a temp directory in {}", parent.display()))?;
-    let mut total = 0;
     for (title, d, size) in &wanted {
-        let bytes = client.get_blob(d, *size).with_context(ctx)?;
-        total += bytes.len() as u64;
-        std::fs::write(tmp.path().join(title), &bytes)
-            .with_context(|| format!("writing {}", tmp.path().join(title).display()))?;
+        client
+            .download_blob(d, *size, tmp.path(), title)
+            .with_context(ctx)?;
     }
     // Every component bundle.toml lists must be a layer with the digest it pins.
     let (manifest, _) = Manifest::read(tmp.path()).with_context(ctx)?;
@@ -999,12 +1183,15 @@ pub fn pull(r: &OciRef, out: &Path, opts: &OciOptions) -> anyhow::Result<PullRep
     }
     let kept = tmp.keep();
     std::fs::rename(&kept, out)
+        .inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&kept);
+        })
         .with_context(|| format!("moving {} to {}", kept.display(), out.display()))?;
     Ok(PullReport {
         digest,
         dir: out.to_path_buf(),
         files: wanted.into_iter().map(|(t, _, _)| t).collect(),
-        bytes: total + body.len() as u64,
+        bytes: declared_total + body.len() as u64,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

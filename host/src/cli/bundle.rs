@@ -224,6 +224,7 @@ impl RegistryArgs {
         Ok(oci::OciOptions {
             insecure: self.insecure,
             credentials,
+            deadline: None,
         })
     }
 }

@@ -185,9 +185,12 @@ pub fn main() -> i32 {
         }
         (Err(err), w) => {
             let who = w.map_or(String::new(), |w| format!(" (rank {})", w.rank()));
-            eprintln!("error{who}: {err}");
+            // Messages escape what servers and plugins said where they quote it; this is
+            // the last net: no escape sequence or other control character (but the line
+            // breaks of a multi-line message) reaches the terminal from an error.
+            eprintln!("error{who}: {}", terminal_safe(&err.to_string()));
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", terminal_safe(&cause.to_string()));
             }
             // The other ranks may be waiting for this one in a collective: end them all.
             if let Some(w) = w {
@@ -196,4 +199,13 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// `text` with every line escaped for a terminal ([`maporl::plugin::printable`]), its line
+/// breaks kept.
+fn terminal_safe(text: &str) -> String {
+    text.split('\n')
+        .map(maporl::plugin::printable)
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -3,6 +3,13 @@
 //! (a temp file in the target directory, verified, then renamed), so an interrupted or
 //! corrupt download never leaves a file behind. Files already present with the right hash
 //! are not downloaded again. Progress goes to stderr.
+//!
+//! The host (or mirror) is treated as hostile ([`crate::net`]): a GSM8K file must be exactly
+//! its pinned size and the ANLI zip at most [`ANLI_ZIP_MAX`] bytes, checked against the
+//! announced `Content-Length` before a byte is written and enforced while streaming (the
+//! body is never read past it); the sha256 is computed on the way; every request has a
+//! whole-request deadline (`MAPORL_HTTP_TIMEOUT`, plus the file's size at
+//! `MAPORL_HTTP_MIN_RATE`); an error body reaches the message escaped and cut short.
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -13,6 +20,8 @@ use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
+use crate::net::{self, size_words, Deadline};
+
 /// The datasets [`fetch`] knows.
 pub const FETCH_DATASETS: &[&str] = &["gsm8k", "anli"];
 
@@ -21,21 +30,25 @@ pub const MIRROR_ENV: &str = "MAPORL_DATA_MIRROR";
 
 const GSM8K_HOST: &str = "https://raw.githubusercontent.com";
 const GSM8K_PATH: &str = "/openai/grade-school-math/master/grade_school_math/data/";
-/// (file, sha256) from the upstream repository at commit 3101c7d5.
-const GSM8K_FILES: &[(&str, &str)] = &[
+/// (file, sha256, size in bytes) from the upstream repository at commit 3101c7d5.
+const GSM8K_FILES: &[(&str, &str, u64)] = &[
     (
         "train.jsonl",
         "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+        4_166_206,
     ),
     (
         "test.jsonl",
         "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+        749_738,
     ),
 ];
 
 const ANLI_HOST: &str = "https://dl.fbaipublicfiles.com";
 const ANLI_PATH: &str = "/anli/anli_v1.0.zip";
 const ANLI_ZIP_ROOT: &str = "anli_v1.0";
+/// The largest ANLI zip downloaded (the real one is under 20 MB).
+pub const ANLI_ZIP_MAX: u64 = 256 << 20;
 /// (round/split, sha256 when known). Train splits have no pinned hash: they are accepted,
 /// their hashes printed and recorded in `anli/SHA256SUMS`.
 const ANLI_FILES: &[(&str, Option<&str>)] = &[
@@ -88,9 +101,10 @@ pub fn fetch(dataset: &str, dir: &Path, base_url: Option<&str>) -> anyhow::Resul
             .trim_end_matches('/')
             .to_string()
     };
+    let deadline = Deadline::from_env()?;
     let files = match dataset {
-        "gsm8k" => fetch_gsm8k(&dir.join("gsm8k"), &host(GSM8K_HOST))?,
-        "anli" => fetch_anli(&dir.join("anli"), &host(ANLI_HOST))?,
+        "gsm8k" => fetch_gsm8k(&dir.join("gsm8k"), &host(GSM8K_HOST), &deadline)?,
+        "anli" => fetch_anli(&dir.join("anli"), &host(ANLI_HOST), &deadline)?,
         other => bail!(
             "unknown dataset {other:?}; known: {}",
             FETCH_DATASETS.join(", ")
@@ -106,17 +120,16 @@ pub fn fetch(dataset: &str, dir: &Path, base_url: Option<&str>) -> anyhow::Resul
     Ok(files)
 }
 
-fn fetch_gsm8k(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
+fn fetch_gsm8k(dir: &Path, host: &str, deadline: &Deadline) -> anyhow::Result<Vec<PathBuf>> {
     create_dir(dir)?;
     let mut files = Vec::new();
-    for &(name, expected) in GSM8K_FILES {
+    for &(name, expected, size) in GSM8K_FILES {
         let dest = dir.join(name);
         if matches_hash(&dest, expected)? {
             tracing::info!("{}: present, sha256 ok", dest.display());
         } else {
             let url = format!("{host}{GSM8K_PATH}{name}");
-            let tmp = download(&url, dir)?;
-            let actual = sha256_file(tmp.path())?;
+            let (tmp, actual) = download(&url, dir, Size::Exactly(size), deadline)?;
             check_hash(&dest, &url, expected, &actual)?;
             persist(tmp, &dest)?;
             tracing::info!("{}: downloaded, sha256 ok", dest.display());
@@ -126,14 +139,14 @@ fn fetch_gsm8k(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn fetch_anli(dir: &Path, host: &str) -> anyhow::Result<Vec<PathBuf>> {
+fn fetch_anli(dir: &Path, host: &str, deadline: &Deadline) -> anyhow::Result<Vec<PathBuf>> {
     create_dir(dir)?;
     if let Some(files) = anli_present(dir)? {
         tracing::info!("{}: present, sha256 ok", dir.display());
         return Ok(files);
     }
     let url = format!("{host}{ANLI_PATH}");
-    let zip_file = download(&url, dir)?;
+    let (zip_file, _) = download(&url, dir, Size::AtMost(ANLI_ZIP_MAX), deadline)?;
     let mut archive = zip::ZipArchive::new(
         File::open(zip_file.path()).with_context(|| format!("reopening download of {url}"))?,
     )
@@ -221,36 +234,104 @@ fn anli_present(dir: &Path) -> anyhow::Result<Option<Vec<PathBuf>>> {
     Ok(Some(files))
 }
 
-/// GETs `url` into a temp file in `dir` (removed on drop unless persisted).
-fn download(url: &str, dir: &Path) -> anyhow::Result<NamedTempFile> {
+/// The size a download must have.
+#[derive(Clone, Copy, Debug)]
+enum Size {
+    Exactly(u64),
+    AtMost(u64),
+}
+
+impl Size {
+    fn max(self) -> u64 {
+        match self {
+            Size::Exactly(n) | Size::AtMost(n) => n,
+        }
+    }
+}
+
+/// GETs `url` into a temp file in `dir` (removed on drop unless persisted), and the body's
+/// sha256: streamed, never past `size`; a body that announces (`Content-Length`) or turns out
+/// another size is refused, before a byte is written when it was announced.
+fn download(
+    url: &str,
+    dir: &Path,
+    size: Size,
+    deadline: &Deadline,
+) -> anyhow::Result<(NamedTempFile, String)> {
     tracing::info!("downloading {url}");
+    let max = size.max();
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_per_read(Some(Duration::from_secs(60)))
+        .timeout_global(Some(deadline.for_bytes(max)))
         .user_agent(concat!("maporl/", env!("CARGO_PKG_VERSION")))
         .build()
         .into();
-    let response = agent
+    let mut response = agent
         .get(url)
         .call()
+        .map_err(|e| deadline.ureq_error(e, max))
         .with_context(|| format!("GET {url} failed"))?;
     let status = response.status();
     if !status.is_success() {
+        let body = net::error_body(&mut response);
         bail!(
-            "GET {url}: HTTP {} {}",
+            "GET {url}: HTTP {} {}{}",
             status.as_u16(),
-            status.canonical_reason().unwrap_or("")
+            status.canonical_reason().unwrap_or(""),
+            if body.is_empty() {
+                String::new()
+            } else {
+                format!("; the server says: {body}")
+            }
+        );
+    }
+    let wrong = |n: u64| match size {
+        Size::Exactly(want) => (n != want).then(|| format!("the file is {want} bytes")),
+        Size::AtMost(max) => {
+            (n > max).then(|| format!("the limit is {max} bytes ({})", size_words(max)))
+        }
+    };
+    let announced = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(why) = announced.and_then(&wrong) {
+        bail!(
+            "GET {url}: the server announces {} bytes (Content-Length), but {why}; refused \
+             before writing",
+            announced.unwrap_or_default()
         );
     }
     let mut tmp = temp_in(dir)?;
-    let mut reader = response.into_body().into_reader();
-    io::copy(&mut reader, tmp.as_file_mut())
-        .with_context(|| format!("GET {url}: reading the body"))?;
+    let mut hasher = Sha256::new();
+    let copied = net::copy_capped(
+        &mut response.body_mut().as_reader(),
+        tmp.as_file_mut(),
+        max,
+        Some(&mut hasher),
+    )
+    .map_err(|e| deadline.io_error(e, max))
+    .with_context(|| format!("GET {url}: reading the body"))?;
+    if copied.over {
+        let why = match size {
+            Size::Exactly(want) => format!("the file is {want} bytes"),
+            Size::AtMost(max) => format!("the limit is {max} bytes ({})", size_words(max)),
+        };
+        bail!("GET {url}: the server sent more than {max} bytes, but {why}; cut there and refused");
+    }
+    if let Some(why) = wrong(copied.bytes) {
+        bail!(
+            "GET {url}: the server sent {} bytes, but {why}; refused",
+            copied.bytes
+        );
+    }
     tmp.as_file_mut()
         .flush()
         .with_context(|| format!("GET {url}: writing {}", tmp.path().display()))?;
-    Ok(tmp)
+    Ok((tmp, hex::encode(hasher.finalize())))
 }
 
 fn check_hash(dest: &Path, url: &str, expected: &str, actual: &str) -> anyhow::Result<()> {

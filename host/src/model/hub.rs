@@ -45,7 +45,14 @@
 //!
 //! Nothing from the server becomes a path unchecked: ETags, commits and shard names with
 //! `/`, `\`, `..` or NUL are refused, as are ETags over 128 characters, indexes naming more
-//! than 4096 shards, sizes over [`MAX_FILE_BYTES`] and bodies longer than announced.
+//! than 4096 shards, sizes over the maximum ([`Hub::max_file_bytes`]: `MAPORL_HUB_MAX_FILE_BYTES`,
+//! default [`MAX_FILE_BYTES`], 64 GiB) and bodies longer than announced (a file whose size
+//! is not announced is cut at the maximum and refused). A body streams to disk and is never
+//! read past its announced size. Every request has a whole-request deadline
+//! (`MAPORL_HTTP_TIMEOUT`, plus the file's size at `MAPORL_HTTP_MIN_RATE`; see
+//! [`crate::net`]): a server trickling its answer is cut off there, and the next run resumes
+//! what arrived. What the hub or its CDN says (error headers and bodies, header values)
+//! reaches a message escaped and cut short ([`crate::net::server_text`]).
 //!
 //! A shared or group-writable cache may hold symbolic links planted by someone else: the
 //! folders written in (`models--ORG--NAME`, `blobs`, `snapshots/<commit>`, `refs`,
@@ -65,6 +72,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::files::{expand_home, write_atomic};
+use crate::net::{self, server_text, Deadline};
 
 /// The prefix that marks a model path as a hub name.
 pub const PREFIX: &str = "hf:";
@@ -72,8 +80,10 @@ pub const PREFIX: &str = "hf:";
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// The revision of `hf:ORG/NAME` without `@REVISION`.
 pub const DEFAULT_REVISION: &str = "main";
-/// The largest file accepted from the hub (64 GiB).
+/// The largest file accepted from the hub by default (64 GiB).
 pub const MAX_FILE_BYTES: u64 = 64 << 30;
+/// The environment variable that replaces [`MAX_FILE_BYTES`].
+pub const MAX_FILE_BYTES_ENV: &str = "MAPORL_HUB_MAX_FILE_BYTES";
 
 /// Files the loader reads; a repository without one is refused.
 const REQUIRED: &[&str] = &["config.json", "tokenizer.json", "tokenizer_config.json"];
@@ -106,7 +116,7 @@ pub fn resolve_model(path: &str) -> Result<PathBuf> {
         return Ok(expand_home(path));
     }
     let model = HubModel::parse(path)?;
-    Hub::from_env()
+    Hub::from_env()?
         .snapshot(&model)
         .with_context(|| format!("model {model}"))
 }
@@ -222,11 +232,15 @@ pub struct Hub {
     pub token: Option<String>,
     /// Use the cache only.
     pub offline: bool,
+    /// The largest file accepted (announced or sent).
+    pub max_file_bytes: u64,
+    /// Each request's whole-request deadline.
+    pub deadline: Deadline,
 }
 
 impl Hub {
     /// From the process's `HF_*` environment variables (see [`Hub::from_vars`]).
-    pub fn from_env() -> Hub {
+    pub fn from_env() -> Result<Hub> {
         Hub::from_vars(|key| std::env::var(key).ok())
     }
 
@@ -234,8 +248,11 @@ impl Hub {
     /// cache `HF_HUB_CACHE`, else `HF_HOME/hub` (`HF_HOME` defaulting to
     /// `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`); endpoint `HF_ENDPOINT`;
     /// token `HF_TOKEN`, else the file at `HF_TOKEN_PATH`, else `HF_HOME/token`; offline when
-    /// `HF_HUB_OFFLINE` is `1`, `ON`, `YES` or `TRUE`.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Hub {
+    /// `HF_HUB_OFFLINE` is `1`, `ON`, `YES` or `TRUE`. maporl's own: the largest file
+    /// `MAPORL_HUB_MAX_FILE_BYTES` (default 64 GiB), the deadline of each request
+    /// `MAPORL_HTTP_TIMEOUT` and `MAPORL_HTTP_MIN_RATE` ([`Deadline::from_vars`]); a value
+    /// that is not a positive number is an error naming the variable.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Hub> {
         let var = |key: &str| var(key).filter(|v| !v.trim().is_empty());
         let home = match (var("HF_HOME"), var("XDG_CACHE_HOME")) {
             (Some(home), _) => expand_home(&home),
@@ -265,12 +282,25 @@ impl Hub {
                 "1" | "ON" | "YES" | "TRUE"
             )
         });
-        Hub {
+        let max_file_bytes = match var(MAX_FILE_BYTES_ENV) {
+            None => MAX_FILE_BYTES,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => n,
+                _ => bail!(
+                    "{MAX_FILE_BYTES_ENV}={}: expected the largest file to accept from the hub, \
+                     in bytes, a positive whole number (default {MAX_FILE_BYTES})",
+                    server_text(&v)
+                ),
+            },
+        };
+        Ok(Hub {
             cache,
             endpoint,
             token,
             offline,
-        }
+            max_file_bytes,
+            deadline: Deadline::from_vars(var)?,
+        })
     }
 
     /// The snapshot folder of `model`, from the cache when it is complete there (no
@@ -299,7 +329,12 @@ impl Hub {
     }
 
     fn download(&self, model: &HubModel) -> Result<PathBuf> {
-        let client = Client::new(&self.endpoint, self.token.as_deref())?;
+        let client = Client::new(
+            &self.endpoint,
+            self.token.as_deref(),
+            self.deadline,
+            self.max_file_bytes,
+        )?;
         let url = |revision: &str, file: &str| {
             format!(
                 "{}/{}/{}/resolve/{revision}/{file}",
@@ -466,7 +501,10 @@ fn shard_names(index: &Path, file: &str) -> Result<BTreeSet<String>> {
             .as_str()
             .ok_or_else(|| anyhow!("{file}: a `weight_map` value is not a string"))?;
         if let Err(why) = check_file_name(shard) {
-            bail!("{file} names the shard {shard:?}, refused: {why}");
+            bail!(
+                "{file} names the shard {}, refused: {why}",
+                server_text(shard)
+            );
         }
         shards.insert(shard.to_string());
     }
@@ -533,12 +571,22 @@ struct Client {
     agent: ureq::Agent,
     endpoint: String,
     token: Option<String>,
+    deadline: Deadline,
+    max_file_bytes: u64,
 }
 
 impl Client {
-    fn new(endpoint: &str, token: Option<&str>) -> Result<Client> {
+    fn new(
+        endpoint: &str,
+        token: Option<&str>,
+        deadline: Deadline,
+        max_file_bytes: u64,
+    ) -> Result<Client> {
         if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
-            bail!("HF_ENDPOINT {endpoint:?} is not an http(s) URL");
+            bail!(
+                "HF_ENDPOINT {} is not an http(s) URL",
+                server_text(endpoint)
+            );
         }
         if let Some(t) = token {
             if t.chars().any(|c| c.is_control() || !c.is_ascii()) {
@@ -551,6 +599,8 @@ impl Client {
             .accept_encoding("identity")
             .timeout_connect(Some(Duration::from_secs(30)))
             .timeout_per_read(Some(Duration::from_secs(60)))
+            // Each request sets its own; this is for any that would not.
+            .timeout_global(Some(deadline.base))
             .user_agent(concat!("maporl/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -558,19 +608,28 @@ impl Client {
             agent,
             endpoint: endpoint.to_string(),
             token: token.map(String::from),
+            deadline,
+            max_file_bytes,
         })
     }
 
+    /// One request, with a deadline for the whole of it (reading the body included) that
+    /// allows for a body of `bytes`.
     fn call(
         &self,
         method: &str,
         url: &str,
         range: Option<u64>,
+        bytes: u64,
     ) -> Result<ureq::http::Response<ureq::Body>> {
+        let limit = Some(self.deadline.for_bytes(bytes));
         let mut request = match method {
             "HEAD" => self.agent.head(url),
             _ => self.agent.get(url),
-        };
+        }
+        .config()
+        .timeout_global(limit)
+        .build();
         // The token goes to the hub only, never to a CDN on another host.
         if let Some(token) = &self.token {
             if origin(url).eq_ignore_ascii_case(origin(&self.endpoint)) {
@@ -582,7 +641,8 @@ impl Client {
         }
         request
             .call()
-            .with_context(|| format!("{method} {url} failed"))
+            .map_err(|e| self.deadline.ureq_error(e, bytes))
+            .with_context(|| format!("{method} {} failed", server_text(url)))
     }
 
     /// HEAD `url` as `huggingface_hub` does: relative redirects (a renamed repository) are
@@ -591,12 +651,14 @@ impl Client {
     fn head(&self, url: &str, file: &str, commit: Option<&str>) -> Result<Option<Meta>> {
         let mut current = url.to_string();
         for _ in 0..=MAX_REDIRECTS {
-            let response = self.call("HEAD", &current, None)?;
+            // A redirect's target is the server's: named escaped and cut short.
+            let shown = server_text(&current);
+            let response = self.call("HEAD", &current, None, 0)?;
             let status = response.status().as_u16();
             let location = header(&response, "location");
             if (300..400).contains(&status) {
                 let Some(location) = &location else {
-                    bail!("HEAD {current}: HTTP {status} without a Location");
+                    bail!("HEAD {shown}: HTTP {status} without a Location");
                 };
                 if location.starts_with('/') && !location.starts_with("//") {
                     current = join_location(&current, location)?;
@@ -607,57 +669,65 @@ impl Client {
                 if code.is_empty() || code == "EntryNotFound" {
                     return Ok(None);
                 }
-                return Err(http_error("HEAD", &current, &response));
+                return Err(http_error("HEAD", &current, &response, ""));
             } else if !(200..300).contains(&status) {
-                return Err(http_error("HEAD", &current, &response));
+                return Err(http_error("HEAD", &current, &response, ""));
             }
             let answered = header(&response, "x-repo-commit").ok_or_else(|| {
                 anyhow!(
-                    "HEAD {current}: no X-Repo-Commit header; is HF_ENDPOINT ({}) a Hugging \
+                    "HEAD {shown}: no X-Repo-Commit header; is HF_ENDPOINT ({}) a Hugging \
                      Face hub?",
-                    self.endpoint
+                    server_text(&self.endpoint)
                 )
             })?;
             if !is_commit(&answered) {
-                bail!("HEAD {current}: refusing X-Repo-Commit {answered:?}: not a commit hash");
+                bail!(
+                    "HEAD {shown}: refusing X-Repo-Commit {:?}: not a commit hash",
+                    server_text(&answered)
+                );
             }
             if let Some(commit) = commit {
                 if answered != commit {
                     bail!(
-                        "HEAD {current}: asked for commit {commit}, the server answered {answered}"
+                        "HEAD {shown}: asked for commit {commit}, the server answered {answered}"
                     );
                 }
             }
             let raw = header(&response, "x-linked-etag")
                 .or_else(|| header(&response, "etag"))
-                .ok_or_else(|| anyhow!("HEAD {current}: no ETag for {file}"))?;
+                .ok_or_else(|| anyhow!("HEAD {shown}: no ETag for {file}"))?;
             let etag = normalize_etag(&raw);
+            let raw = server_text(&raw);
             if etag.len() > MAX_ETAG_LEN {
                 bail!(
-                    "HEAD {current}: refusing the ETag for {file}: it is {} characters long, \
+                    "HEAD {shown}: refusing the ETag for {file}: it is {} characters long, \
                      over the limit of {MAX_ETAG_LEN} (it names the blob file)",
                     etag.len()
                 );
             }
             if let Err(why) = check_file_name(&etag) {
-                bail!("HEAD {current}: refusing the ETag {raw:?} for {file}: {why} (it names the blob file)");
+                bail!("HEAD {shown}: refusing the ETag {raw:?} for {file}: {why} (it names the blob file)");
             }
             if etag.ends_with(".incomplete") || etag.ends_with(".lock") {
-                bail!("HEAD {current}: refusing the ETag {raw:?} for {file}");
+                bail!("HEAD {shown}: refusing the ETag {raw:?} for {file}");
             }
             let size_header =
                 header(&response, "x-linked-size").or_else(|| header(&response, "content-length"));
             let size = match size_header {
                 Some(s) => Some(s.trim().parse::<u64>().map_err(|_| {
-                    anyhow!("HEAD {current}: {file} has the size {s:?}, not a number")
+                    anyhow!(
+                        "HEAD {shown}: {file} has the size {:?}, not a number",
+                        server_text(&s)
+                    )
                 })?),
                 None => None,
             };
-            if let Some(size) = size.filter(|&s| s > MAX_FILE_BYTES) {
+            let max = self.max_file_bytes;
+            if let Some(size) = size.filter(|&s| s > max) {
                 bail!(
-                    "HEAD {current}: {file} is announced at {size} bytes, over the limit of \
-                     {MAX_FILE_BYTES} bytes ({} GiB)",
-                    MAX_FILE_BYTES >> 30
+                    "HEAD {shown}: {file} is announced at {size} bytes, over the limit of \
+                     {max} bytes ({}; {MAX_FILE_BYTES_ENV}); refused before downloading",
+                    net::size_words(max)
                 );
             }
             let location = match location.filter(|_| (300..400).contains(&status)) {
@@ -674,15 +744,20 @@ impl Client {
         bail!("HEAD {url}: more than {MAX_REDIRECTS} redirects")
     }
 
-    /// GET `url` (from byte `from` on when non-zero), following redirects.
-    fn get(&self, url: &str, from: u64) -> Result<ureq::http::Response<ureq::Body>> {
+    /// GET `url` (from byte `from` on when non-zero), following redirects; the deadline
+    /// allows for a body of `bytes`.
+    fn get(&self, url: &str, from: u64, bytes: u64) -> Result<ureq::http::Response<ureq::Body>> {
         let mut current = url.to_string();
         for _ in 0..=MAX_REDIRECTS {
-            let response = self.call("GET", &current, (from > 0).then_some(from))?;
+            let response = self.call("GET", &current, (from > 0).then_some(from), bytes)?;
             let status = response.status().as_u16();
             if (300..400).contains(&status) {
-                let location = header(&response, "location")
-                    .ok_or_else(|| anyhow!("GET {current}: HTTP {status} without a Location"))?;
+                let location = header(&response, "location").ok_or_else(|| {
+                    anyhow!(
+                        "GET {}: HTTP {status} without a Location",
+                        server_text(&current)
+                    )
+                })?;
                 current = join_location(&current, &location)?;
                 continue;
             }
@@ -700,10 +775,14 @@ fn header(response: &ureq::http::Response<ureq::Body>, name: &str) -> Option<Str
         .map(str::to_string)
 }
 
+/// The error for an answer with a failing status: the hub's error code and message
+/// (`X-Error-Code`, `X-Error-Message`) and `body` (the start of an error body, already
+/// escaped, or empty), all escaped and cut short.
 fn http_error(
     method: &str,
     url: &str,
     response: &ureq::http::Response<ureq::Body>,
+    body: &str,
 ) -> anyhow::Error {
     let status = response.status();
     let code = header(response, "x-error-code");
@@ -719,6 +798,8 @@ fn http_error(
     let detail = [code, message]
         .into_iter()
         .flatten()
+        .map(|t| server_text(&t))
+        .filter(|t| !t.is_empty())
         .collect::<Vec<_>>()
         .join(": ");
     let detail = if detail.is_empty() {
@@ -726,8 +807,14 @@ fn http_error(
     } else {
         format!(" ({detail})")
     };
+    let body = if body.is_empty() {
+        String::new()
+    } else {
+        format!("; the server says: {body}")
+    };
     anyhow!(
-        "{method} {url}: HTTP {} {}{detail}{hint}",
+        "{method} {}: HTTP {} {}{detail}{hint}{body}",
+        server_text(url),
         status.as_u16(),
         status.canonical_reason().unwrap_or("")
     )
@@ -762,12 +849,20 @@ fn join_location(base: &str, location: &str) -> Result<String> {
     } else if location.starts_with('/') {
         Ok(format!("{}{location}", origin(base)))
     } else {
-        bail!("{base}: unsupported redirect to {location:?}")
+        bail!(
+            "{}: unsupported redirect to {:?}",
+            server_text(base),
+            server_text(location)
+        )
     }
 }
 
 /// Makes sure `blobs/<etag>` holds `file`'s bytes: downloads into `<etag>.incomplete`
-/// (continuing a previous attempt), checks size and sha256, renames into place.
+/// (continuing a previous attempt), streaming and never past the announced size (or the
+/// maximum, when none was announced), checks size and sha256, renames into place. A body
+/// longer than announced, or over the maximum, or with another sha256, is refused and its
+/// `.incomplete` file removed; one cut short (a dropped connection, the deadline) keeps it,
+/// for the next run to resume.
 fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Meta) -> Result<()> {
     let blob = blobs.join(&meta.etag);
     // A blob is a regular file maporl renamed into place, never a link to somewhere else.
@@ -799,19 +894,26 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
         OpenOptions::new().create(true).read(true).append(true),
         &part,
     )?;
+    // A download that fails before its first byte (an error answer, the deadline) leaves no
+    // empty `.incomplete` behind.
+    let mut empty_part = RemoveIfEmpty(Some(&part));
     let part_meta = out
         .metadata()
         .with_context(|| format!("reading {}", part.display()))?;
     if !part_meta.is_file() {
         bail!("{} is not a regular file; refused", part.display());
     }
+    let max = client.max_file_bytes;
     let mut have = part_meta.len();
-    if meta.size.is_some_and(|s| have > s) || have > MAX_FILE_BYTES {
+    if meta.size.is_some_and(|s| have > s) || have > max {
         out.set_len(0)?;
         have = 0;
     }
+    // The server's URL (a CDN's, from a redirect), for messages.
+    let shown = server_text(&meta.location);
     if meta.size != Some(have) || have == 0 {
-        let mut response = client.get(&meta.location, have)?;
+        // The deadline allows for the whole file: a server may ignore the range.
+        let mut response = client.get(&meta.location, have, meta.size.unwrap_or(max))?;
         let status = response.status().as_u16();
         match status {
             206 if have > 0 => {
@@ -822,8 +924,8 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
                     .and_then(|s| s.trim().parse::<u64>().ok());
                 if start != Some(have) {
                     bail!(
-                        "GET {}: asked for {file} from byte {have}, got Content-Range {range:?}",
-                        meta.location
+                        "GET {shown}: asked for {file} from byte {have}, got Content-Range {:?}",
+                        server_text(&range)
                     );
                 }
                 progress(format_args!(
@@ -848,48 +950,70 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
                 // What is there does not fit the file: start over.
                 drop(out);
                 fs::remove_file(&part).with_context(|| format!("removing {}", part.display()))?;
+                empty_part.0 = None;
                 drop(_lock);
                 return fetch_blob(client, blobs, locks, file, meta);
             }
-            _ => return Err(http_error("GET", &meta.location, &response)),
+            _ => {
+                let body = net::error_body(&mut response);
+                return Err(http_error("GET", &meta.location, &response, &body));
+            }
         }
-        let remaining = meta.size.map(|s| s.saturating_sub(have));
+        let remaining = meta.size.unwrap_or(max).saturating_sub(have);
         let announced =
             header(&response, "content-length").and_then(|l| l.trim().parse::<u64>().ok());
-        if let (Some(announced), Some(remaining)) = (announced, remaining) {
-            if announced != remaining {
+        // Checked before a byte of the body is written.
+        if let Some(announced) = announced {
+            let refused = match meta.size {
+                Some(_) => (announced != remaining).then(|| format!("{remaining} were announced")),
+                None => (announced > remaining).then(|| {
+                    format!(
+                        "the limit is {max} bytes ({}; {MAX_FILE_BYTES_ENV})",
+                        net::size_words(max)
+                    )
+                }),
+            };
+            if let Some(why) = refused {
                 drop(out);
                 let _ = fs::remove_file(&part);
                 bail!(
-                    "GET {}: the server sends {announced} bytes of {file} where {remaining} \
-                     were announced; refused",
-                    meta.location
+                    "GET {shown}: the server sends {announced} bytes of {file} where {why}; \
+                     refused before writing"
                 );
             }
         }
-        let limit = remaining.unwrap_or(MAX_FILE_BYTES.saturating_sub(have));
-        let mut body = response.body_mut().as_reader().take(limit + 1);
-        let written = copy(&mut body, &mut out).with_context(|| {
+        let copied = net::copy_capped(
+            &mut response.body_mut().as_reader(),
+            &mut out,
+            remaining,
+            None,
+        )
+        .map_err(|e| client.deadline.io_error(e, remaining))
+        .with_context(|| {
             format!(
-                "GET {}: downloading {file} stopped; run again to resume from {}",
-                meta.location,
+                "GET {shown}: downloading {file} stopped; run again to resume from {}",
                 part.display()
             )
         })?;
-        if written > limit {
+        if copied.over {
             drop(out);
             let _ = fs::remove_file(&part);
-            bail!(
-                "GET {}: the server sent more than the {limit} bytes announced for {file}; \
-                 refused",
-                meta.location
-            );
+            match meta.size {
+                Some(_) => bail!(
+                    "GET {shown}: the server sent more than the {remaining} bytes announced for \
+                     {file}; cut there and refused"
+                ),
+                None => bail!(
+                    "GET {shown}: {file} is over the limit of {max} bytes ({}; \
+                     {MAX_FILE_BYTES_ENV}); cut there and refused",
+                    net::size_words(max)
+                ),
+            }
         }
-        have += written;
+        have += copied.bytes;
         if let Some(size) = meta.size.filter(|&s| s != have) {
             bail!(
-                "GET {}: {file} ended at byte {have} of {size}; run again to resume from {}",
-                meta.location,
+                "GET {shown}: {file} ended at byte {have} of {size}; run again to resume from {}",
                 part.display()
             );
         }
@@ -906,9 +1030,8 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
             drop(out);
             let _ = fs::remove_file(&part);
             bail!(
-                "sha256 mismatch for {file} (from {}): expected {}, got {actual}; the download \
-                 is deleted",
-                meta.location,
+                "sha256 mismatch for {file} (from {shown}): expected {}, got {actual}; the \
+                 download is deleted",
                 meta.etag
             );
         }
@@ -917,6 +1040,20 @@ fn fetch_blob(client: &Client, blobs: &Path, locks: &Path, file: &str, meta: &Me
     fs::rename(&part, &blob)
         .with_context(|| format!("renaming {} into {}", part.display(), blob.display()))?;
     Ok(())
+}
+
+/// Removes the file at its path, when it is there and empty, on drop (under the blob's
+/// lock: declared after it).
+struct RemoveIfEmpty<'a>(Option<&'a Path>);
+
+impl Drop for RemoveIfEmpty<'_> {
+    fn drop(&mut self) {
+        if let Some(path) = self.0 {
+            if fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
 }
 
 fn size_text(size: Option<u64>) -> String {
@@ -1315,7 +1452,7 @@ mod tests {
                     .map(|(_, v)| v.to_string()),
             }
         };
-        let hub = Hub::from_vars(vars(&[], home.clone()));
+        let hub = Hub::from_vars(vars(&[], home.clone())).unwrap();
         assert_eq!(hub.cache, home.join("hub"));
         assert_eq!(hub.endpoint, DEFAULT_ENDPOINT);
         assert_eq!(hub.token.as_deref(), Some("hf_file"));
@@ -1326,16 +1463,35 @@ mod tests {
                 ("HF_ENDPOINT", "http://mirror:8/"),
                 ("HF_TOKEN", "hf_env"),
                 ("HF_HUB_OFFLINE", "1"),
+                ("MAPORL_HUB_MAX_FILE_BYTES", "1000"),
+                ("MAPORL_HTTP_TIMEOUT", "7"),
             ],
             home.clone(),
-        ));
+        ))
+        .unwrap();
         assert_eq!(hub.cache, PathBuf::from("/c/hub"));
         assert_eq!(hub.endpoint, "http://mirror:8");
         assert_eq!(hub.token.as_deref(), Some("hf_env"));
         assert!(hub.offline);
+        assert_eq!(hub.max_file_bytes, 1000);
+        assert_eq!(hub.deadline.base, Duration::from_secs(7));
         for (value, offline) in [("true", true), ("YES", true), ("0", false), ("", false)] {
-            let hub = Hub::from_vars(|k| (k == "HF_HUB_OFFLINE").then(|| value.to_string()));
+            let hub =
+                Hub::from_vars(|k| (k == "HF_HUB_OFFLINE").then(|| value.to_string())).unwrap();
             assert_eq!(hub.offline, offline, "{value:?}");
+            assert_eq!(hub.max_file_bytes, MAX_FILE_BYTES);
+            assert_eq!(hub.deadline, Deadline::default());
+        }
+        for (key, value) in [
+            (MAX_FILE_BYTES_ENV, "0"),
+            (MAX_FILE_BYTES_ENV, "64G"),
+            ("MAPORL_HTTP_TIMEOUT", "never"),
+            ("MAPORL_HTTP_MIN_RATE", "-5"),
+        ] {
+            let e = Hub::from_vars(|k| (k == key).then(|| value.to_string()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(value), "{e}");
         }
     }
 }

@@ -4,7 +4,9 @@
 //! new line that passes for the host's own, or reorder what is shown (C0 and C1 controls,
 //! DEL, the escape character, Unicode bidirectional overrides and isolates, line and
 //! paragraph separators) written as a visible escape (`\n`, `\u{1b}`). Machine-readable
-//! records (transcripts, JSON) keep the text as it was.
+//! records (transcripts, JSON) keep the text as it was. Text from servers (registries, the
+//! hub, dataset hosts) goes through the same escaping, cut to a bounded length
+//! ([`crate::net::server_text`]).
 
 use std::borrow::Cow;
 
