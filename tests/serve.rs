@@ -1516,9 +1516,10 @@ fn a_connection_flood_is_capped_and_health_answers_while_saturated() {
 
 /// SIGTERM with both workers generating (a stream and a whole answer) and four requests
 /// queued, `--shutdown-timeout 3`: the server stops listening, the queued requests are
-/// answered 503 at once, the generations go on until the timeout and are then cancelled
-/// (the stream is cut without [DONE]), and the process exits within the timeout and a few
-/// seconds, its workers having stopped (not left behind).
+/// answered 503 at once, the generations go on until the timeout and are then cut (the
+/// stream ends without [DONE]; closing its connection cancels a generation as a client that
+/// leaves does), and the process exits within the timeout and a few seconds, its workers
+/// having stopped their generations (not left behind).
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),

@@ -6,7 +6,8 @@
 //! the model work runs on a fixed pool of worker threads behind a bounded queue
 //! ([`workers`]), so a full server refuses with 429 rather than piling up work, and a long
 //! generation never blocks the runtime that accepts connections. Every refusal is a JSON
-//! error; a client that goes away cancels its generation at the next token. Connections are
+//! error; a client that goes away (or whose connection the server cuts at shutdown) cancels
+//! its generation at the next token. Connections are
 //! capped, read under timeouts, and their bodies under one byte budget ([`conn`]), so slow
 //! or unfinished requests cannot take the server's memory, file descriptors or `/health`.
 
@@ -53,13 +54,13 @@ pub struct ServeOptions {
     pub read: ReadLimits,
     pub limits: Limits,
     /// After the shutdown signal, how long requests in flight may take to finish; then the
-    /// server cancels them and stops anyway (a client that stopped reading cannot hold it
-    /// up). Queued requests are answered 503 at the signal.
+    /// server closes their connections, which cancels them, and stops anyway (a client that
+    /// stopped reading cannot hold it up). Queued requests are answered 503 at the signal.
     pub shutdown_timeout: Duration,
 }
 
-/// After the shutdown timeout, how long the workers get to notice their cancelled
-/// generations before the server exits without them.
+/// After the shutdown timeout, how long the workers get to notice that their requests'
+/// clients have gone before the server exits without them.
 const WORKER_GRACE: Duration = Duration::from_secs(2);
 
 /// A started server: models loaded, workers running, the address bound.
@@ -100,7 +101,6 @@ impl Server {
             judge,
             metrics: metrics.clone(),
             limits: opts.limits,
-            cancel: Default::default(),
         });
         let (queue, workers) = workers::start(shared.clone(), opts.workers, opts.queue)?;
         let listener = std::net::TcpListener::bind(opts.addr)
@@ -129,10 +129,11 @@ impl Server {
 
     /// Serves until `shutdown` completes; then takes no new connections, answers the queued
     /// requests 503, and gives the requests in flight (streams included) the shutdown
-    /// timeout to finish. Those still running then are cancelled (generations at their next
-    /// piece of text, debates before their next turn) and their connections closed; the
-    /// workers get [`WORKER_GRACE`] more to notice, and it returns without those that did
-    /// not: about the shutdown timeout and 3 s after the signal at most.
+    /// timeout to finish. Those still running then have their connections closed, which
+    /// cancels them as a client that goes away does: a generation stops at its next piece
+    /// of text, a debate before its next turn. The workers get [`WORKER_GRACE`] more to
+    /// stop, and it returns without those that did not: within about the shutdown timeout
+    /// and 3 s of the signal.
     pub fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -145,13 +146,12 @@ impl Server {
             workers,
         } = self;
         let queue = state.queue.clone();
-        let shared = state.shared.clone();
+        let metrics = state.shared.metrics.clone();
         let reading = state.reading.clone();
         let grace = state.shutdown_timeout;
         let app = router(state.clone());
         let reserve_app = reserve_router(state);
-        let cutting = shared.clone();
-        let (signalled, drained) = runtime.block_on(async move {
+        let signalled = runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let (closing, closing_rx) = tokio::sync::watch::channel(false);
             let mut connections =
@@ -162,7 +162,7 @@ impl Server {
             tracing::info!(
                 "shutting down: {refused} queued requests answered 503; the {} in flight have \
                  {grace:?} to finish",
-                cutting.metrics.busy.load(Ordering::SeqCst)
+                metrics.busy.load(Ordering::SeqCst)
             );
             let _ = closing.send(true);
             let drained = tokio::time::timeout(grace, async {
@@ -173,36 +173,26 @@ impl Server {
             if !drained {
                 tracing::warn!(
                     "requests still in flight {grace:?} after the shutdown signal: stopping \
-                     anyway (their generations are cancelled, their connections closed)"
+                     anyway (their connections are closed, which cancels their generations)"
                 );
-                cutting.cancel.store(true, Ordering::SeqCst);
                 connections.abort_all();
                 while connections.join_next().await.is_some() {}
             }
-            anyhow::Ok((signalled, drained))
+            anyhow::Ok(signalled)
         })?;
         runtime.shutdown_timeout(Duration::from_secs(1));
-        // The queue is closed: each worker exits after its current job. One still busy when
-        // the time is up (a request whose client has gone) is cancelled, and waited for a
-        // little more; the process then exits without it.
-        let mut cancelled = !drained;
-        let mut deadline = if drained {
-            signalled + grace
-        } else {
-            Instant::now() + WORKER_GRACE
-        };
+        // The queue is closed and every connection is gone: a worker still busy has a request
+        // whose client has gone, and stops it at its next piece of text (a debate before its
+        // next turn). It gets what is left of the shutdown timeout and WORKER_GRACE more;
+        // then the process exits without it.
+        let deadline = (signalled + grace).max(Instant::now()) + WORKER_GRACE;
         while !workers.iter().all(|w| w.is_finished()) {
             if Instant::now() >= deadline {
-                if cancelled {
-                    tracing::warn!(
-                        "a worker is still busy {WORKER_GRACE:?} after its request was \
-                         cancelled: exiting without it"
-                    );
-                    return Ok(());
-                }
-                shared.cancel.store(true, Ordering::SeqCst);
-                cancelled = true;
-                deadline = Instant::now() + WORKER_GRACE;
+                tracing::warn!(
+                    "a worker is still busy {WORKER_GRACE:?} after the shutdown timeout: \
+                     exiting without it"
+                );
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -7,9 +7,9 @@
 //! drives its plugins' state.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -87,9 +87,6 @@ pub struct Shared {
     pub judge: Option<Arc<LearnedVerifier>>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
-    /// Set when the shutdown timeout expires: every generation stops at its next piece of
-    /// text, every debate before its next turn.
-    pub cancel: AtomicBool,
 }
 
 impl Shared {
@@ -293,13 +290,13 @@ fn slow_down() {
                 .unwrap_or(0)
         });
         if ms > 0 {
-            std::thread::sleep(Duration::from_millis(ms));
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
 }
 
-/// A debate's team that stops before a turn once the server is cutting its requests or the
-/// debate's client has gone.
+/// A debate's team that stops before a turn once the debate's client has gone (it went
+/// away, or the server cut its connection at the shutdown timeout).
 struct Watched<'a, T> {
     team: T,
     stop: &'a dyn Fn() -> bool,
@@ -309,7 +306,7 @@ impl<T: Team> Team for Watched<'_, T> {
     fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
         slow_down();
         if (self.stop)() {
-            anyhow::bail!("cancelled: the server is stopping or the client has gone");
+            anyhow::bail!("cancelled: the client has gone");
         }
         self.team.respond(turn, requests)
     }
@@ -350,16 +347,16 @@ fn chat(shared: &Shared, request: &ChatRequest, events: &mpsc::UnboundedSender<C
         stop: request.stop.clone(),
         n: request.n,
     };
-    // Stops at the next piece of text once the client has gone or the server cuts it.
+    // Stops at the next piece of text once the client has gone (it went away, or the server
+    // cut its connection at the shutdown timeout).
     let result = team.complete(a, &request.messages, &opts, &mut |choice, delta| {
         slow_down();
-        !shared.cancel.load(Ordering::Relaxed)
-            && events
-                .send(ChatEvent::Text {
-                    choice,
-                    delta: delta.to_string(),
-                })
-                .is_ok()
+        events
+            .send(ChatEvent::Text {
+                choice,
+                delta: delta.to_string(),
+            })
+            .is_ok()
     });
     match result {
         Ok(c) => {
@@ -398,10 +395,9 @@ fn debate(
     plugins
         .restart(seed)
         .map_err(|e| ApiError::internal(format!("restarting the plugins: {e}")))?;
-    let stop = || shared.cancel.load(Ordering::Relaxed) || gone();
     let mut team = Watched {
         team: shared.team.seated(seed),
-        stop: &stop,
+        stop: gone,
     };
     let rollout = debate::run(
         plugins,
