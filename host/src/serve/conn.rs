@@ -113,6 +113,8 @@ impl ReadLimits {
 /// process's open-file limit, raising its soft limit up to the hard one if need be. With
 /// `explicit` false (the default was not changed) a limit too low lowers the cap, with a
 /// warning; otherwise it is an error that says what to do.
+// rlim_t is u64 on Linux, not everywhere.
+#[allow(clippy::unnecessary_cast)]
 pub fn fit_open_files(connections: usize, explicit: bool) -> anyhow::Result<usize> {
     let need = |c: usize| c as u64 + RESERVE as u64 + OTHER_FILES;
     #[cfg(unix)]
