@@ -1,7 +1,10 @@
 //! `maporl serve` on loopback with a tiny random-weights model: concurrent clients get the
 //! answers the library gives for their seeds, streams carry the same text, whole debates and
 //! the learned verifier answer, bad requests get 4xx JSON errors and the server keeps
-//! serving, SIGTERM finishes what is in flight.
+//! serving, SIGTERM finishes what is in flight. Hostile clients: slow heads and bodies are
+//! cut after their timeouts, unfinished bodies hold no more than the body budget, a flood of
+//! connections is capped and `/health` still answers, SIGTERM answers the queue 503 at once
+//! and cuts what is still running after `--shutdown-timeout`.
 
 mod support;
 
@@ -100,9 +103,15 @@ fn spawn(args: &[String]) -> (Child, String) {
 
 /// [`spawn`] with the server's stderr going to `stderr`.
 fn spawn_logging(args: &[String], stderr: Stdio) -> (Child, String) {
+    spawn_with(args, stderr, &[])
+}
+
+/// [`spawn_logging`] with environment variables `env` set for the server.
+fn spawn_with(args: &[String], stderr: Stdio, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_maporl"))
         .arg("serve")
         .args(args)
+        .envs(env.iter().copied())
         .args(["--addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -889,4 +898,801 @@ fn a_seated_debate_does_not_depend_on_what_was_asked_before() {
         mine
     });
     assert_eq!(beside, alone, "beside another debate");
+}
+
+// Hostile clients: slow heads and bodies, unfinished bodies, connection floods, and SIGTERM
+// with a full queue. Each bound below is generous for a loaded 2-core machine; the figures
+// themselves are measured by scripts/serve_hostile.py (BENCHMARKS.md).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The tiny team served with `args`, each piece of chat text and each debate turn `slow_ms`
+/// longer (the `test-hooks` feature's MAPORL_TEST_SERVE_SLOW_MS), its stderr in
+/// DIR/stderr.log.
+fn serve_hostile(args: &[&str], slow_ms: u64) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config(dir.path());
+    let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
+    let mut all = vec!["--config".to_string(), config.display().to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let slow = slow_ms.to_string();
+    let (child, base) = spawn_with(
+        &all,
+        Stdio::from(log),
+        &[("MAPORL_TEST_SERVE_SLOW_MS", slow.as_str())],
+    );
+    Served {
+        child,
+        base,
+        _dir: dir,
+        config,
+    }
+}
+
+fn stderr_of(s: &Served) -> String {
+    std::fs::read_to_string(s._dir.path().join("stderr.log")).unwrap()
+}
+
+fn connect(base: &str) -> TcpStream {
+    TcpStream::connect(base.strip_prefix("http://").unwrap()).unwrap()
+}
+
+/// A connection that has sent `bytes` (a request head, whole or not).
+fn sent(base: &str, bytes: &[u8]) -> TcpStream {
+    let mut c = connect(base);
+    c.write_all(bytes).unwrap();
+    c
+}
+
+/// What `c` receives until the server closes it (or resets it), and when that was after
+/// `since`; panics if it is still open `bound` after `since`.
+fn read_until_closed(
+    c: &mut TcpStream,
+    since: Instant,
+    bound: Duration,
+    what: &str,
+) -> (String, Duration) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let Some(left) = bound.checked_sub(since.elapsed()) else {
+            panic!(
+                "{what}: still open {bound:?} later, having received {:?}",
+                String::from_utf8_lossy(&got)
+            );
+        };
+        c.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break, // reset: closed too
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), since.elapsed())
+}
+
+/// One whole response (with a Content-Length) read from `c`, within `bound`.
+fn read_answer(c: &mut TcpStream, bound: Duration) -> String {
+    c.set_read_timeout(Some(bound)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            });
+            if length.is_some_and(|n| body.len() >= n) {
+                return text;
+            }
+        }
+        let n = c
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("no whole answer within {bound:?} ({e}): {text:?}"));
+        assert!(n > 0, "closed before a whole answer: {text:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Whether the server has closed `c` (without waiting), and what it had sent.
+fn is_closed(c: &mut TcpStream) -> (bool, String) {
+    c.set_nonblocking(true).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let closed = loop {
+        match c.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    c.set_nonblocking(false).unwrap();
+    (closed, String::from_utf8_lossy(&got).into_owned())
+}
+
+/// The status of a raw HTTP response, and its body as JSON (Null if it is not).
+fn response_of(raw: &str) -> (u16, Value) {
+    let status = raw
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The server's resident memory (VmRSS), in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+}
+
+/// `/health` on a new connection, which must answer 200 within `bound`: its JSON, and how
+/// long it took.
+fn health_within(base: &str, bound: Duration) -> (Value, Duration) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(bound))
+        .build()
+        .into();
+    let t = Instant::now();
+    let mut r = agent
+        .get(&format!("{base}/health"))
+        .call()
+        .unwrap_or_else(|e| panic!("/health did not answer within {bound:?}: {e}"));
+    let took = t.elapsed();
+    assert_eq!(r.status().as_u16(), 200);
+    (
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap(),
+        took,
+    )
+}
+
+const POST_CHAT: &str = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: \
+                         application/json\r\n";
+
+/// Slow-loris heads in four shapes (nothing sent; a head trickling in a byte at a time;
+/// fifty half-sent heads; a kept-alive connection gone idle) are each closed about
+/// `--header-timeout` after the server began waiting, and counted.
+#[test]
+fn slow_request_heads_are_cut_after_the_header_timeout() {
+    let s = serve_hostile(
+        &[
+            "--header-timeout",
+            "1",
+            "--body-timeout",
+            "1",
+            "--request-timeout",
+            "3",
+        ],
+        0,
+    );
+    let base = s.base.clone();
+    let bound = Duration::from_secs(10);
+    let t = Instant::now();
+    let mut silent = connect(&base);
+    let mut trickle = sent(&base, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+    let mut writer = trickle.try_clone().unwrap();
+    let trickling = std::thread::spawn(move || {
+        let mut bytes = 0;
+        while writer.write_all(b"a").is_ok() {
+            bytes += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bytes
+    });
+    let mut half: Vec<TcpStream> = (0..50)
+        .map(|_| sent(&base, b"GET /health HTTP/1.1\r\nHost: x\r\n"))
+        .collect();
+    let mut idle = sent(&base, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+
+    let (got, took) = read_until_closed(&mut silent, t, bound, "a silent connection");
+    assert!(
+        got.is_empty() && took >= Duration::from_millis(900),
+        "{took:?} {got:?}"
+    );
+    let (got, took) = read_until_closed(&mut trickle, t, bound, "a trickling head");
+    assert!(
+        got.is_empty() && took >= Duration::from_millis(900),
+        "{took:?} {got:?}"
+    );
+    // It kept sending until it was cut, and was cut for all that.
+    assert!(trickling.join().unwrap() >= 5);
+    for (i, c) in half.iter_mut().enumerate() {
+        let (got, _) = read_until_closed(c, t, bound, &format!("half-sent head {i}"));
+        assert!(got.is_empty(), "{got:?}");
+    }
+    // The kept-alive connection got its answer, then was closed when idle for as long.
+    let (got, took) = read_until_closed(&mut idle, t, bound, "an idle kept-alive connection");
+    assert_eq!(response_of(&got).0, 200, "{got}");
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    eprintln!("slow heads cut {:?} after they connected", t.elapsed());
+
+    let (_, m) = get(&base, "/metrics");
+    assert!(metric(&m, "maporl_head_timeouts_total") >= 53.0, "{m}");
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(0, "What is 1 + 1?", 1, false),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+/// Slow bodies: one that stalls is answered 408 after `--body-timeout`; one that trickles in
+/// (plain or chunked) fast enough for that is answered 408 at `--request-timeout`, counted
+/// from the connection, a slow head included. The server goes on serving.
+#[test]
+fn slow_request_bodies_get_408_after_the_body_or_request_timeout() {
+    let s = serve_hostile(
+        &[
+            "--header-timeout",
+            "2.5",
+            "--body-timeout",
+            "1",
+            "--request-timeout",
+            "3",
+        ],
+        0,
+    );
+    let base = s.base.clone();
+    let bound = Duration::from_secs(12);
+    /// Sends `first`, then `piece` every `every` until the connection fails.
+    fn dribble(mut c: TcpStream, first: Vec<u8>, piece: &'static [u8], every: Duration) {
+        std::thread::spawn(move || {
+            for b in first {
+                if c.write_all(&[b]).is_err() {
+                    return;
+                }
+            }
+            while c.write_all(piece).is_ok() {
+                std::thread::sleep(every);
+            }
+        });
+    }
+    let t = Instant::now();
+    let mut stalled = sent(
+        &base,
+        format!("{POST_CHAT}Content-Length: 100\r\n\r\n{{\"model\": ").as_bytes(),
+    );
+    let plain = connect(&base);
+    let mut plain_reader = plain.try_clone().unwrap();
+    dribble(
+        plain,
+        format!("{POST_CHAT}Content-Length: 100000\r\n\r\n").into_bytes(),
+        b" ",
+        Duration::from_millis(250),
+    );
+    let chunked = connect(&base);
+    let mut chunked_reader = chunked.try_clone().unwrap();
+    dribble(
+        chunked,
+        format!("{POST_CHAT}Transfer-Encoding: chunked\r\n\r\n").into_bytes(),
+        b"1\r\n \r\n",
+        Duration::from_millis(250),
+    );
+    // A head that takes 1.8 s (within --header-timeout), then a trickling body: the 3 s
+    // count from the connection, not from the head.
+    let slow_head = connect(&base);
+    let mut slow_head_reader = slow_head.try_clone().unwrap();
+    let t_slow = Instant::now();
+    std::thread::spawn(move || {
+        let mut c = slow_head;
+        let head = format!("{POST_CHAT}Content-Length: 100000\r\n\r\n");
+        for part in head.as_bytes().chunks(head.len() / 4 + 1) {
+            if c.write_all(part).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        while c.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+
+    let (got, took) = read_until_closed(&mut stalled, t, bound, "a stalled body");
+    let (status, v) = response_of(&got);
+    assert_eq!(status, 408, "{got}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--body-timeout"),
+        "{v}"
+    );
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    for (what, c) in [
+        ("a trickling body", &mut plain_reader),
+        ("a trickling chunked body", &mut chunked_reader),
+    ] {
+        let (got, took) = read_until_closed(c, t, bound, what);
+        let (status, v) = response_of(&got);
+        assert_eq!(status, 408, "{what}: {got}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("--request-timeout"), "{what}: {message}");
+        assert!(took >= Duration::from_millis(2800), "{what}: {took:?}");
+    }
+    let (got, took) = read_until_closed(&mut slow_head_reader, t_slow, bound, "a slow head");
+    assert_eq!(response_of(&got).0, 408, "{got}");
+    assert!(
+        took >= Duration::from_millis(2800) && took < Duration::from_millis(4200),
+        "408 {took:?} after connecting: the deadline should count from the connection (3 s), \
+         not from the head (1.8 s later)"
+    );
+
+    let (_, m) = get(&base, "/metrics");
+    assert_eq!(metric(&m, "maporl_body_timeouts_total"), 1.0, "{m}");
+    assert_eq!(metric(&m, "maporl_request_timeouts_total"), 3.0, "{m}");
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(1, "What is 2 + 2?", 2, false),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+/// 200 bodies of 1 MiB, each sent but for its last byte, and 40 chunked ones: the server
+/// holds at most `--max-buffered-body-bytes` (8 MiB) of them, answers the others 503 at
+/// once, and its resident memory grows by less than that and 40 MiB (it grew by over
+/// 400 MB for 400 such bodies before the budget). Bodies that are declared but not sent
+/// take nothing from the budget, and what the budget held is given back.
+#[test]
+fn unfinished_bodies_hold_no_more_than_the_body_budget() {
+    let budget: u64 = 8 << 20;
+    let s = serve_hostile(
+        &[
+            "--max-connections",
+            "512",
+            "--max-buffered-body-bytes",
+            &budget.to_string(),
+            "--header-timeout",
+            "30",
+            "--body-timeout",
+            "30",
+            "--request-timeout",
+            "60",
+        ],
+        0,
+    );
+    let base = s.base.clone();
+    let pid = s.child.id();
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(0, "What is 3 + 3?", 3, false),
+    );
+    assert_eq!(status, 200, "{v}");
+    let before = rss_kib(pid);
+
+    let mib = vec![b' '; 1 << 20];
+    let mut open: Vec<TcpStream> = Vec::new();
+    for i in 0..240 {
+        let mut c = connect(&base);
+        c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        if i < 200 {
+            let _ =
+                c.write_all(format!("{POST_CHAT}Content-Length: {}\r\n\r\n", 1 << 20).as_bytes());
+            let _ = c.write_all(&mib[..(1 << 20) - 1]);
+        } else {
+            let _ =
+                c.write_all(format!("{POST_CHAT}Transfer-Encoding: chunked\r\n\r\n").as_bytes());
+            for piece in mib.chunks(64 << 10) {
+                if c.write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                    .is_err()
+                    || c.write_all(piece).is_err()
+                    || c.write_all(b"\r\n").is_err()
+                {
+                    break;
+                }
+            }
+        }
+        open.push(c);
+    }
+    // Let the server read what it will.
+    std::thread::sleep(Duration::from_secs(2));
+    let after = rss_kib(pid);
+    let grown = after.saturating_sub(before) / 1024;
+    eprintln!("240 unfinished 1 MiB bodies: resident {before} -> {after} KiB (+{grown} MiB)");
+    assert!(
+        grown < budget / (1 << 20) + 40,
+        "the server grew by {grown} MiB under 240 unfinished bodies of 1 MiB"
+    );
+    let (mut refused, mut held) = (0, Vec::new());
+    for (i, c) in open.iter_mut().enumerate() {
+        let (closed, got) = is_closed(c);
+        if !got.is_empty() {
+            let (status, v) = response_of(&got);
+            assert_eq!(status, 503, "{got}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--max-buffered-body-bytes"),
+                "{v}"
+            );
+            refused += 1;
+        } else if !closed {
+            held.push(i);
+        }
+    }
+    eprintln!("{refused} answered 503, {} held", held.len());
+    assert!(refused >= 150, "only {refused} of 240 were answered 503");
+    assert!(
+        !held.is_empty() && held.len() <= 8,
+        "{} bodies held under a budget of 8 MiB",
+        held.len()
+    );
+    // A held body is being read, not dropped: its last byte makes it whole, and it is
+    // answered (it is no JSON).
+    let whole = held.iter().copied().find(|&i| i < 200);
+    if let Some(i) = whole {
+        let c = &mut open[i];
+        c.write_all(b" ").unwrap();
+        let got = read_answer(c, Duration::from_secs(20));
+        let (status, v) = response_of(&got);
+        assert_eq!(status, 400, "{got}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("column 1048576"),
+            "{v}"
+        );
+    }
+    drop(open);
+    // What they held is given back.
+    let t = Instant::now();
+    loop {
+        let (_, m) = get(&base, "/metrics");
+        if metric(&m, "maporl_body_bytes_buffered") == 0.0 {
+            assert!(metric(&m, "maporl_body_budget_refused_total") >= refused as f64);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the budget was not given back: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 100 bodies that declare 1 MiB and send 10 bytes hold 1000 bytes of the budget, and
+    // others are still read.
+    let declared: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            sent(
+                &base,
+                format!("{POST_CHAT}Content-Length: {}\r\n\r\n{{\"model\":", 1 << 20).as_bytes(),
+            )
+        })
+        .collect();
+    let (status, v) = post(
+        &base,
+        "/v1/chat/completions",
+        &chat_body(1, "What is 4 + 4?", 4, false),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, m) = get(&base, "/metrics");
+    assert!(metric(&m, "maporl_body_bytes_buffered") <= 1000.0, "{m}");
+    drop(declared);
+}
+
+/// Connections beyond `--max-connections` are not served: with the cap reached by a full
+/// server (its worker busy, its queue full) and half-sent heads, a flood of 300 more is
+/// closed (all but the reserve at once, the reserve within its 2 s), anything but `/health`
+/// and `/metrics` beyond the cap is answered 503, and `/health` answers within a bound,
+/// right after the flood too. Once `--header-timeout` has cut the heads, new clients are
+/// served again.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "holds the worker busy through a hook: needs --features test-hooks"
+)]
+fn a_connection_flood_is_capped_and_health_answers_while_saturated() {
+    let s = serve_hostile(
+        &[
+            "--workers",
+            "1",
+            "--queue",
+            "2",
+            "--max-connections",
+            "16",
+            "--header-timeout",
+            "5",
+            "--request-timeout",
+            "5",
+            "--max-tokens",
+            "4000",
+        ],
+        50,
+    );
+    let base = s.base.clone();
+    let bound = Duration::from_secs(5);
+    // The worker busy with a long stream, two requests queued behind it: 3 connections.
+    let long = |seed: u64, stream: bool| {
+        let body = json!({"model": "agent-0", "messages": [{"role": "user", "content": "Go."}],
+                          "seed": seed, "max_tokens": 4000, "stream": stream})
+        .to_string();
+        sent(
+            &base,
+            format!("{POST_CHAT}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes(),
+        )
+    };
+    let mut saturating = vec![long(1, true)];
+    wait_for_health(&base, "busy_workers", 1);
+    saturating.push(long(2, false));
+    saturating.push(long(3, false));
+    wait_for_health(&base, "queue_depth", 2);
+    // Those three and the probe itself.
+    wait_for_health(&base, "connections", 4);
+    // 13 half-sent heads reach the cap of 16.
+    let t0 = Instant::now();
+    let mut heads: Vec<TcpStream> = (0..13)
+        .map(|_| sent(&base, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"))
+        .collect();
+    let t = Instant::now();
+    loop {
+        let (status, v) = get(&base, "/v1/models");
+        if status == 503 {
+            let message = v.as_str();
+            assert!(message.contains("--max-connections"), "{message}");
+            break;
+        }
+        assert!(t.elapsed() < bound, "the cap of 16 was never reached");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A flood of 300 more half-sent heads, and /health right after it.
+    let mut flood: Vec<TcpStream> = (0..300)
+        .map(|_| {
+            let mut c = connect(&base);
+            let _ = c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n");
+            c
+        })
+        .collect();
+    let t_flood = Instant::now();
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        let (h, took) = health_within(&base, bound);
+        assert_eq!(
+            (
+                h["busy_workers"].as_u64(),
+                h["queue_depth"].as_u64(),
+                h["connections"].as_u64(),
+                h["max_connections"].as_u64()
+            ),
+            (Some(1), Some(2), Some(16), Some(16)),
+            "{h}"
+        );
+        latencies.push(took);
+    }
+    eprintln!("/health while saturated: {latencies:?}");
+    let (status, v) = post(&base, "/v1/chat/completions", &chat_body(0, "q", 1, false));
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["type"], "too_many_connections", "{v}");
+    // The flood is closed: all but the reserve at once, the reserve after its head timeout.
+    let closed_now = flood
+        .iter_mut()
+        .map(|c| is_closed(c).0)
+        .filter(|&c| c)
+        .count();
+    eprintln!("{closed_now} of the flood's 300 connections closed at once");
+    for (i, c) in flood.iter_mut().enumerate() {
+        read_until_closed(
+            c,
+            t_flood,
+            Duration::from_secs(8),
+            &format!("flood connection {i}"),
+        );
+    }
+    let (_, m) = get(&base, "/metrics");
+    assert!(
+        metric(&m, "maporl_connections_over_cap_total") >= 300.0,
+        "{m}"
+    );
+    // The cap's heads are cut after --header-timeout; then new clients are served.
+    for (i, c) in heads.iter_mut().enumerate() {
+        let (got, took) = read_until_closed(c, t0, Duration::from_secs(15), &format!("head {i}"));
+        assert!(
+            got.is_empty() && took >= Duration::from_millis(4500),
+            "{took:?} {got}"
+        );
+    }
+    let (status, models) = get(&base, "/v1/models");
+    assert_eq!(status, 200, "{models}");
+}
+
+/// SIGTERM with both workers generating (a stream and a whole answer) and four requests
+/// queued, `--shutdown-timeout 3`: the server stops listening, the queued requests are
+/// answered 503 at once, the generations go on until the timeout and are then cut (the
+/// stream ends without [DONE]; closing its connection cancels a generation as a client that
+/// leaves does), and the process exits within the timeout and a few seconds, its workers
+/// having stopped their generations (not left behind).
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "slows generation through a hook: needs --features test-hooks"
+)]
+fn sigterm_answers_the_queue_503_and_cuts_what_runs_after_the_shutdown_timeout() {
+    let mut s = serve_hostile(
+        &[
+            "--workers",
+            "2",
+            "--queue",
+            "4",
+            "--shutdown-timeout",
+            "3",
+            "--max-tokens",
+            "4000",
+        ],
+        20,
+    );
+    let base = s.base.clone();
+    // 4000 tokens at 20 ms each: over a minute.
+    let long = |stream: bool| {
+        json!({"model": "agent-0", "messages": [{"role": "user", "content": "Go on."}],
+               "seed": 5, "max_tokens": 4000, "stream": stream})
+        .to_string()
+    };
+    let b = base.clone();
+    let body = long(true);
+    let streaming = std::thread::spawn(move || {
+        let r = client()
+            .post(&format!("{b}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .send(&body)
+            .unwrap();
+        let (mut done, mut last_text) = (false, None);
+        for line in BufReader::new(r.into_body().into_reader()).lines() {
+            let Ok(line) = line else { break };
+            if line == "data: [DONE]" {
+                done = true;
+            } else if line.contains("\"content\":\"") && !line.contains("\"content\":\"\"") {
+                last_text = Some(Instant::now());
+            }
+        }
+        (done, last_text)
+    });
+    wait_for_health(&base, "busy_workers", 1);
+    let b = base.clone();
+    let body = long(false);
+    let whole = std::thread::spawn(move || {
+        client()
+            .post(&format!("{b}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .send(&body)
+            .map(|r| r.status().as_u16())
+    });
+    wait_for_health(&base, "busy_workers", 2);
+    let queued: Vec<_> = (0..4)
+        .map(|i| {
+            let b = base.clone();
+            std::thread::spawn(move || {
+                let (status, v) = if i == 3 {
+                    post(
+                        &b,
+                        "/v1/debate",
+                        r#"{"question": "What is 1 + 1?", "seed": 1}"#,
+                    )
+                } else {
+                    post(&b, "/v1/chat/completions", &chat_body(1, "q", i, false))
+                };
+                (status, v, Instant::now())
+            })
+        })
+        .collect();
+    wait_for_health(&base, "queue_depth", 4);
+
+    let t = Instant::now();
+    unsafe {
+        libc::kill(s.child.id() as i32, libc::SIGTERM);
+    }
+    // It stops listening.
+    let addr = base.strip_prefix("http://").unwrap().to_string();
+    while TcpStream::connect(&addr).is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "still listening after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The queued requests are answered 503 at once, long before the timeout.
+    for q in queued {
+        let (status, v, at) = q.join().unwrap();
+        assert_eq!(status, 503, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("shutting down"),
+            "{v}"
+        );
+        let after = at.duration_since(t);
+        assert!(
+            after < Duration::from_millis(2500),
+            "answered {after:?} after SIGTERM"
+        );
+    }
+    // The generations went on after the signal, and were cut at the timeout.
+    let (done, last_text) = streaming.join().unwrap();
+    assert!(!done, "the stream was finished, not cut");
+    assert!(
+        last_text.is_some_and(|l| l > t),
+        "no text came after SIGTERM: the stream stopped before the timeout"
+    );
+    assert!(
+        whole.join().unwrap().is_err(),
+        "the whole answer should have been cut"
+    );
+    // The process exits within the timeout and a few seconds, its workers stopped.
+    let exited = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3 + 7),
+            "still running {:?} after SIGTERM with --shutdown-timeout 3",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("exited {:?} after SIGTERM", t.elapsed());
+    assert!(exited.success(), "{exited}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(2900),
+        "{:?}",
+        t.elapsed()
+    );
+    let stderr = stderr_of(&s);
+    assert!(stderr.contains("stopping anyway"), "{stderr}");
+    assert!(
+        !stderr.contains("exiting without it"),
+        "a worker did not stop its cancelled generation: {stderr}"
+    );
+}
+
+/// The read-limit flags refuse what cannot work, saying why, before any model is loaded.
+#[test]
+fn read_limit_flags_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config(dir.path());
+    for (args, says) in [
+        (&["--header-timeout", "0"][..], "give more than 0"),
+        (&["--body-timeout", "soon"][..], "not a number of seconds"),
+        (
+            &["--header-timeout", "5", "--request-timeout", "2"][..],
+            "is shorter than --header-timeout",
+        ),
+        (
+            &["--max-buffered-body-bytes", "10"][..],
+            "--max-buffered-body-bytes (10) is below --max-body-bytes (1048576)",
+        ),
+        (
+            &["--max-connections", "0"][..],
+            "--max-connections must be at least 1",
+        ),
+        (&["--max-connections", "100000000"][..], "ulimit -n"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }

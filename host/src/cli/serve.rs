@@ -7,7 +7,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use maporl::config::{AgentConfig, Config};
-use maporl::serve::{Limits, ServeOptions, Server};
+use maporl::serve::{Limits, ReadLimits, ServeOptions, Server};
+
+/// The connection cap when --max-connections is not given.
+const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -33,6 +36,29 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 above).
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Most bytes of request bodies held at once across all requests being read; a body
+    /// that does not fit what is left is answered 503 with Retry-After (default 32 MiB).
+    #[arg(long, default_value_t = 32 << 20)]
+    max_buffered_body_bytes: usize,
+    /// Most connections served at once [default: 256, lowered to fit `ulimit -n`]. Beyond
+    /// them a reserve of 64 more answers only /health and /metrics (503 for anything else),
+    /// each new one taking the place of the oldest.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a client has to send a whole request head, from connecting (or from the end
+    /// of the previous answer on a kept-alive connection, which is closed after this long
+    /// idle); then the connection is closed. Decimals allowed.
+    #[arg(long, default_value = "10", value_parser = seconds)]
+    header_timeout: std::time::Duration,
+    /// Seconds a request body may pause before the request is answered 408 and its
+    /// connection closed. Decimals allowed.
+    #[arg(long, default_value = "10", value_parser = seconds)]
+    body_timeout: std::time::Duration,
+    /// Seconds a client has to send a whole request, head and body, counted as for
+    /// --header-timeout; a body not whole by then is answered 408. At least
+    /// --header-timeout. Decimals allowed.
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    request_timeout: std::time::Duration,
     /// Most new tokens a request may ask for, and the default (default: the config's
     /// generation.max_new_tokens).
     #[arg(long)]
@@ -50,7 +76,9 @@ pub struct ServeArgs {
     /// grows with its square).
     #[arg(long, default_value_t = 4096)]
     max_prompt_tokens: usize,
-    /// Seconds the requests in flight may take to finish after SIGTERM or Ctrl-C.
+    /// Seconds the requests in flight may take to finish after SIGTERM or Ctrl-C; then they
+    /// are cancelled and the server exits (within about 3 s more). Requests still queued at
+    /// the signal are answered 503 at once.
     #[arg(long, default_value_t = 60)]
     shutdown_timeout: u64,
 }
@@ -65,11 +93,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(run) = &args.run {
         use_trained_adapters(&mut config, run)?;
     }
+    let max_connections = maporl::serve::fit_open_files(
+        args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        args.max_connections.is_some(),
+    )?;
     let opts = ServeOptions {
         addr: args.addr,
         workers: args.workers,
         queue: args.queue,
-        max_body_bytes: args.max_body_bytes,
+        read: ReadLimits {
+            max_connections,
+            header_timeout: args.header_timeout,
+            body_timeout: args.body_timeout,
+            request_timeout: args.request_timeout,
+            max_body_bytes: args.max_body_bytes,
+            max_buffered_body_bytes: args.max_buffered_body_bytes,
+        },
         limits: Limits {
             max_tokens: args.max_tokens.unwrap_or(config.generation.max_new_tokens),
             max_n: args.max_n,
@@ -85,6 +124,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     server.run(maporl::serve::shutdown_signal())?;
     println!("stopped");
     Ok(())
+}
+
+/// A positive number of seconds (decimals allowed), at most a day.
+fn seconds(s: &str) -> Result<std::time::Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(format!("{s} seconds: give more than 0 and at most 86400"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
 }
 
 /// Gives every agent its adapter from `run`'s final checkpoint.

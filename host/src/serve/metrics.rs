@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
@@ -58,6 +58,22 @@ pub struct Metrics {
     /// Workers busy with a request.
     pub busy: AtomicUsize,
     pub workers: AtomicUsize,
+    /// Connections being served (the reserve for `/health` not included).
+    pub open: AtomicUsize,
+    /// Connections over `--max-connections` (answered from the reserve, or closed).
+    pub over_cap: AtomicU64,
+    /// Connections closed for a head not sent within `--header-timeout`.
+    pub head_timeouts: AtomicU64,
+    /// Requests answered 408 for a body that stalled for `--body-timeout`.
+    pub body_timeouts: AtomicU64,
+    /// Requests answered 408 for not being read whole within `--request-timeout`.
+    pub request_timeouts: AtomicU64,
+    /// Requests answered 503 for a body that did not fit `--max-buffered-body-bytes`.
+    pub budget_refusals: AtomicU64,
+    /// Requests still queued at shutdown, answered 503.
+    pub refused_at_shutdown: AtomicU64,
+    /// The buffered-body budget and its size, for the bytes it holds.
+    pub body_budget: OnceLock<(Arc<tokio::sync::Semaphore>, usize)>,
 }
 
 impl Metrics {
@@ -179,6 +195,61 @@ impl Metrics {
         let _ = writeln!(o, "maporl_cancelled_total {}", c.cancelled);
         drop(c);
         for (name, help, v) in [
+            (
+                "maporl_connections_over_cap_total",
+                "Connections over --max-connections: answered from the reserve (/health, \
+                 /metrics; 503 otherwise) or closed.",
+                &self.over_cap,
+            ),
+            (
+                "maporl_head_timeouts_total",
+                "Connections closed because no whole request head came within \
+                 --header-timeout (slow clients, idle kept-alive connections).",
+                &self.head_timeouts,
+            ),
+            (
+                "maporl_body_timeouts_total",
+                "Requests answered 408: their body stalled for --body-timeout.",
+                &self.body_timeouts,
+            ),
+            (
+                "maporl_request_timeouts_total",
+                "Requests answered 408: not read whole within --request-timeout.",
+                &self.request_timeouts,
+            ),
+            (
+                "maporl_body_budget_refused_total",
+                "Requests answered 503: their body did not fit --max-buffered-body-bytes.",
+                &self.budget_refusals,
+            ),
+            (
+                "maporl_refused_at_shutdown_total",
+                "Requests still queued when the server began to stop, answered 503.",
+                &self.refused_at_shutdown,
+            ),
+        ] {
+            header(o, name, "counter", help);
+            let _ = writeln!(o, "{name} {}", v.load(Ordering::Relaxed));
+        }
+        if let Some((budget, size)) = self.body_budget.get() {
+            header(
+                o,
+                "maporl_body_bytes_buffered",
+                "gauge",
+                "Bytes of request bodies being read, held against --max-buffered-body-bytes.",
+            );
+            let _ = writeln!(
+                o,
+                "maporl_body_bytes_buffered {}",
+                size.saturating_sub(budget.available_permits())
+            );
+        }
+        for (name, help, v) in [
+            (
+                "maporl_open_connections",
+                "Connections being served (the reserve for /health not included).",
+                &self.open,
+            ),
             (
                 "maporl_queue_depth",
                 "Requests waiting for a worker.",

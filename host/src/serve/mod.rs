@@ -2,25 +2,28 @@
 //! `model`, its adapter over the shared base), whole debates through the run's plugins, the
 //! learned verifier as a remote reward model, health, models and Prometheus metrics.
 //!
-//! The HTTP side runs on tokio (axum) and only parses, checks, queues and answers; the model
-//! work runs on a fixed pool of worker threads behind a bounded queue ([`workers`]), so a
-//! full server refuses with 429 rather than piling up work, and a long generation never
-//! blocks the runtime that accepts connections. Every refusal is a JSON error with a 4xx
-//! status; a client that goes away cancels its generation at the next token.
+//! The HTTP side runs on tokio (axum over hyper) and only parses, checks, queues and answers;
+//! the model work runs on a fixed pool of worker threads behind a bounded queue
+//! ([`workers`]), so a full server refuses with 429 rather than piling up work, and a long
+//! generation never blocks the runtime that accepts connections. Every refusal is a JSON
+//! error; a client that goes away (or whose connection the server cuts at shutdown) cancels
+//! its generation at the next token. Connections are
+//! capped, read under timeouts, and their bodies under one byte budget ([`conn`]), so slow
+//! or unfinished requests cannot take the server's memory, file descriptors or `/health`.
 
 mod api;
+mod conn;
 mod metrics;
 mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use api::ApiError;
 pub use api::Limits;
+pub use conn::{fit_open_files, ReadLimits, MAX_HEAD_BYTES, RESERVE};
 use metrics::Metrics;
 use workers::{ChatEvent, Job, Queue, Shared};
 
@@ -45,13 +49,19 @@ pub struct ServeOptions {
     pub workers: usize,
     /// Requests that may wait for a worker; more get 429.
     pub queue: usize,
-    /// Largest request body, in bytes; larger gets 413.
-    pub max_body_bytes: usize,
+    /// How connections and requests are read: the connection cap, the read timeouts, the
+    /// largest body and the budget of all bodies being read.
+    pub read: ReadLimits,
     pub limits: Limits,
     /// After the shutdown signal, how long requests in flight may take to finish; then the
-    /// server stops anyway (a client that stopped reading cannot hold it up).
-    pub shutdown_timeout: std::time::Duration,
+    /// server closes their connections, which cancels them, and stops anyway (a client that
+    /// stopped reading cannot hold it up). Queued requests are answered 503 at the signal.
+    pub shutdown_timeout: Duration,
 }
+
+/// After the shutdown timeout, how long the workers get to notice that their requests'
+/// clients have gone before the server exits without them.
+const WORKER_GRACE: Duration = Duration::from_secs(2);
 
 /// A started server: models loaded, workers running, the address bound.
 pub struct Server {
@@ -64,8 +74,8 @@ pub struct Server {
 struct AppState {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
-    max_body_bytes: usize,
-    shutdown_timeout: std::time::Duration,
+    reading: Arc<conn::Listener>,
+    shutdown_timeout: Duration,
 }
 
 impl Server {
@@ -75,14 +85,21 @@ impl Server {
     pub fn start(config: Config, opts: ServeOptions) -> anyhow::Result<Server> {
         anyhow::ensure!(opts.workers >= 1, "serve: --workers must be at least 1");
         anyhow::ensure!(opts.queue >= 1, "serve: --queue must be at least 1");
+        opts.read.check()?;
         let team = crate::session::load_team(&config)?;
         let judge = crate::verifier::LearnedVerifier::from_config(&config)?.map(Arc::new);
         let metrics = Arc::new(Metrics::default());
+        let budget = Arc::new(tokio::sync::Semaphore::new(
+            opts.read.max_buffered_body_bytes,
+        ));
+        let _ = metrics
+            .body_budget
+            .set((budget.clone(), opts.read.max_buffered_body_bytes));
         let shared = Arc::new(Shared {
             config,
             team,
             judge,
-            metrics,
+            metrics: metrics.clone(),
             limits: opts.limits,
         });
         let (queue, workers) = workers::start(shared.clone(), opts.workers, opts.queue)?;
@@ -93,8 +110,12 @@ impl Server {
             listener,
             state: AppState {
                 shared,
-                queue: Arc::new(queue),
-                max_body_bytes: opts.max_body_bytes,
+                queue,
+                reading: Arc::new(conn::Listener {
+                    limits: opts.read,
+                    metrics,
+                    budget,
+                }),
                 shutdown_timeout: opts.shutdown_timeout,
             },
             workers,
@@ -106,9 +127,13 @@ impl Server {
         Ok(self.listener.local_addr()?)
     }
 
-    /// Serves until `shutdown` completes; then takes no new connections, finishes the
-    /// requests in flight (streams included) within the shutdown timeout, lets the workers
-    /// drain and returns.
+    /// Serves until `shutdown` completes; then takes no new connections, answers the queued
+    /// requests 503, and gives the requests in flight (streams included) the shutdown
+    /// timeout to finish. Those still running then have their connections closed, which
+    /// cancels them as a client that goes away does: a generation stops at its next piece
+    /// of text, a debate before its next turn. The workers get [`WORKER_GRACE`] more to
+    /// stop, and it returns without those that did not: within about the shutdown timeout
+    /// and 3 s of the signal.
     pub fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -121,37 +146,56 @@ impl Server {
             workers,
         } = self;
         let queue = state.queue.clone();
+        let metrics = state.shared.metrics.clone();
+        let reading = state.reading.clone();
         let grace = state.shutdown_timeout;
-        let app = router(state);
-        runtime.block_on(async move {
+        let app = router(state.clone());
+        let reserve_app = reserve_router(state);
+        let signalled = runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let (told, mut heard) = tokio::sync::watch::channel(false);
-            let signal = async move {
-                shutdown.await;
-                let _ = told.send(true);
-            };
-            let deadline = async move {
-                while !*heard.borrow_and_update() {
-                    if heard.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                tokio::time::sleep(grace).await;
-            };
-            tokio::select! {
-                served = axum::serve(listener, app).with_graceful_shutdown(signal) => {
-                    served.context("serve")
-                }
-                _ = deadline => {
-                    tracing::warn!(
-                        "requests still in flight {grace:?} after the shutdown signal: stopping \
-                         anyway"
-                    );
-                    Ok(())
-                }
+            let (closing, closing_rx) = tokio::sync::watch::channel(false);
+            let mut connections =
+                conn::serve(listener, app, reserve_app, reading, shutdown, closing_rx).await;
+            // No longer listening.
+            let signalled = Instant::now();
+            let refused = queue.close();
+            tracing::info!(
+                "shutting down: {refused} queued requests answered 503; the {} in flight have \
+                 {grace:?} to finish",
+                metrics.busy.load(Ordering::SeqCst)
+            );
+            let _ = closing.send(true);
+            let drained = tokio::time::timeout(grace, async {
+                while connections.join_next().await.is_some() {}
+            })
+            .await
+            .is_ok();
+            if !drained {
+                tracing::warn!(
+                    "requests still in flight {grace:?} after the shutdown signal: stopping \
+                     anyway (their connections are closed, which cancels their generations)"
+                );
+                connections.abort_all();
+                while connections.join_next().await.is_some() {}
             }
+            anyhow::Ok(signalled)
         })?;
-        queue.close();
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        // The queue is closed and every connection is gone: a worker still busy has a request
+        // whose client has gone, and stops it at its next piece of text (a debate before its
+        // next turn). It gets what is left of the shutdown timeout and WORKER_GRACE more;
+        // then the process exits without it.
+        let deadline = (signalled + grace).max(Instant::now()) + WORKER_GRACE;
+        while !workers.iter().all(|w| w.is_finished()) {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "a worker is still busy {WORKER_GRACE:?} after the shutdown timeout: \
+                     exiting without it"
+                );
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for w in workers {
             let _ = w.join();
         }
@@ -179,11 +223,10 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = terminate => {},
     }
-    tracing::info!("shutting down: finishing the requests in flight");
+    tracing::info!("shutdown signal");
 }
 
 fn router(state: AppState) -> Router {
-    let limit = state.max_body_bytes;
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -205,7 +248,26 @@ fn router(state: AppState) -> Router {
                 message: "method not allowed on this route".into(),
             })
         })
-        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// What a connection over `--max-connections` is answered: `/health` and `/metrics`, and
+/// 503 for anything else.
+fn reserve_router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(|State(state): State<AppState>| async move {
+            error(&ApiError {
+                status: 503,
+                kind: "too_many_connections",
+                message: format!(
+                    "the server has {} connections open, its most (serve --max-connections); \
+                     only /health and /metrics are answered beyond them: retry later",
+                    state.reading.limits.max_connections
+                ),
+            })
+        })
         .with_state(state)
 }
 
@@ -216,6 +278,13 @@ fn error(e: &ApiError) -> Response {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    // A body left unread (too large, too slow, no room for it) ends the connection.
+    if matches!(e.status, 408 | 413 | 503) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
     }
     response
 }
@@ -229,28 +298,9 @@ fn answered(state: &AppState, route: &'static str, since: Instant, response: Res
     response
 }
 
-/// The body, or the JSON error for one that is too large or unreadable.
-fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|r| {
-        let status = r.status().as_u16();
-        if status == 413 {
-            ApiError {
-                status,
-                kind: "request_too_large",
-                message: format!(
-                    "the request body is over this server's limit of {} bytes (serve \
-                     --max-body-bytes)",
-                    state.max_body_bytes
-                ),
-            }
-        } else {
-            ApiError {
-                status,
-                kind: "invalid_request_error",
-                message: format!("the request body: {}", r.body_text()),
-            }
-        }
-    })
+/// The request's body, read within the server's read limits and body budget.
+async fn body(state: &AppState, request: Request) -> Result<conn::ReadBody, ApiError> {
+    conn::read_body(request, &state.reading).await
 }
 
 async fn health(State(state): State<AppState>) -> Response {
@@ -262,6 +312,8 @@ async fn health(State(state): State<AppState>) -> Response {
         "workers": m.workers.load(Relaxed),
         "busy_workers": m.busy.load(Relaxed),
         "queue_depth": m.queued.load(Relaxed),
+        "connections": m.open.load(Relaxed),
+        "max_connections": state.reading.limits.max_connections,
         "judge": state.shared.judge.is_some(),
     }))
     .into_response()
@@ -299,7 +351,7 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-async fn chat(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(state): State<AppState>, raw: Request) -> Response {
     let since = Instant::now();
     let route = "/v1/chat/completions";
     let response = match chat_inner(&state, raw, since).await {
@@ -309,13 +361,10 @@ async fn chat(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>)
     answered(&state, route, since, response)
 }
 
-async fn chat_inner(
-    state: &AppState,
-    raw: Result<Bytes, BytesRejection>,
-    since: Instant,
-) -> Result<Response, ApiError> {
-    let raw = body(state, raw)?;
-    let request = api::chat_request(&raw, state.shared.team.len(), &state.shared.limits)?;
+async fn chat_inner(state: &AppState, raw: Request, since: Instant) -> Result<Response, ApiError> {
+    let raw = body(state, raw).await?;
+    let request = api::chat_request(&raw.bytes, state.shared.team.len(), &state.shared.limits)?;
+    drop(raw);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (model, stream, usage, n) = (
         request.model.clone(),
@@ -428,21 +477,20 @@ fn chunk_event(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-async fn debate(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>) -> Response {
+async fn debate(State(state): State<AppState>, raw: Request) -> Response {
     let since = Instant::now();
     let result = async {
-        let raw = body(&state, raw)?;
-        let request = api::debate_request(&raw)?;
+        let request = api::debate_request(&body(&state, raw).await?.bytes)?;
         answer_of(&state, |reply| Job::Debate { request, reply }).await
     }
     .await;
     json_answer(&state, "/v1/debate", since, result)
 }
 
-async fn judge(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>) -> Response {
+async fn judge(State(state): State<AppState>, raw: Request) -> Response {
     let since = Instant::now();
     let result = async {
-        let raw = body(&state, raw)?;
+        let raw = body(&state, raw).await?;
         if state.shared.judge.is_none() {
             return Err(ApiError::not_found(
                 "no_verifier",
@@ -450,7 +498,8 @@ async fn judge(State(state): State<AppState>, raw: Result<Bytes, BytesRejection>
                  section (checkpoint = \"RUN/checkpoints/final\")",
             ));
         }
-        let request = api::judge_request(&raw, &state.shared.limits)?;
+        let request = api::judge_request(&raw.bytes, &state.shared.limits)?;
+        drop(raw);
         answer_of(&state, |reply| Job::Judge { request, reply }).await
     }
     .await;

@@ -6,9 +6,9 @@
 //! serving) and the one learned verifier, and has its own plugin instances, since a debate
 //! drives its plugins' state.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -18,7 +18,8 @@ use super::api::{ApiError, ChatRequest, DebateRequest, JudgeRequest, Limits};
 use super::metrics::Metrics;
 use crate::config::Config;
 use crate::debate::{
-    self, CompletionOptions, Completions, Debate, ModelTeam, OnPluginError, Plugins,
+    self, CompletionOptions, Completions, Debate, ModelTeam, OnPluginError, Plugins, Request,
+    Response, Team,
 };
 use crate::transcript::{ChatMessage, Role, Task};
 use crate::verifier::LearnedVerifier;
@@ -60,6 +61,18 @@ impl Job {
             Job::Debate { reply, .. } | Job::Judge { reply, .. } => reply.is_closed(),
         }
     }
+
+    /// Answers `e` without running the job.
+    fn refuse(self, e: ApiError) {
+        match self {
+            Job::Chat { events, .. } => {
+                let _ = events.send(ChatEvent::Failed(e));
+            }
+            Job::Debate { reply, .. } | Job::Judge { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
 }
 
 struct Queued {
@@ -98,48 +111,81 @@ impl Shared {
     }
 }
 
-/// The queue's sending end; closed (None) once the server stops taking requests.
+/// The jobs waiting for a worker; closed once the server stops taking requests.
 pub struct Queue {
-    sender: Mutex<Option<SyncSender<Queued>>>,
+    state: Mutex<Waiting>,
+    /// Wakes a worker when a job comes or the queue closes.
+    ready: Condvar,
     capacity: usize,
     metrics: Arc<Metrics>,
+}
+
+struct Waiting {
+    jobs: VecDeque<Queued>,
+    closed: bool,
 }
 
 impl Queue {
     /// Queues `job`, or says why not: the queue is full (429, retry later) or closed (503).
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let sender = self.sender.lock().unwrap().clone();
-        let Some(sender) = sender else {
+        let mut state = self.state.lock().unwrap();
+        if state.closed {
             return Err(shutting_down());
-        };
-        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
-        let queued = Queued {
+        }
+        if state.jobs.len() >= self.capacity {
+            return Err(ApiError {
+                status: 429,
+                kind: "server_busy",
+                message: format!(
+                    "the server is busy: {} requests are waiting (serve --queue); retry later",
+                    self.capacity
+                ),
+            });
+        }
+        state.jobs.push_back(Queued {
             job,
             since: Instant::now(),
-        };
-        match sender.try_send(queued) {
-            Ok(()) => Ok(()),
-            Err(e) => {
+        });
+        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        drop(state);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job, waiting for one; None once the queue is closed.
+    fn next(&self) -> Option<Queued> {
+        let mut state = self.state.lock().unwrap();
+        loop {
+            if let Some(q) = state.jobs.pop_front() {
                 self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    TrySendError::Full(_) => ApiError {
-                        status: 429,
-                        kind: "server_busy",
-                        message: format!(
-                            "the server is busy: {} requests are waiting (serve --queue); retry \
-                             later",
-                            self.capacity
-                        ),
-                    },
-                    TrySendError::Disconnected(_) => shutting_down(),
-                })
+                return Some(q);
             }
+            if state.closed {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap();
         }
     }
 
-    /// Takes no more jobs; workers finish the queued ones and exit.
-    pub fn close(&self) {
-        self.sender.lock().unwrap().take();
+    /// Takes no more jobs, and answers the ones still waiting 503 at once (the server is
+    /// stopping; they have not started); workers finish their current job and exit.
+    /// Returns how many were refused.
+    pub fn close(&self) -> usize {
+        let refused: Vec<Queued> = {
+            let mut state = self.state.lock().unwrap();
+            state.closed = true;
+            state.jobs.drain(..).collect()
+        };
+        self.ready.notify_all();
+        let n = refused.len();
+        self.metrics.queued.fetch_sub(n, Ordering::SeqCst);
+        self.metrics
+            .refused_at_shutdown
+            .fetch_add(n as u64, Ordering::Relaxed);
+        for q in refused {
+            q.job.refuse(shutting_down());
+        }
+        n
     }
 }
 
@@ -157,13 +203,20 @@ pub fn start(
     shared: Arc<Shared>,
     workers: usize,
     capacity: usize,
-) -> anyhow::Result<(Queue, Vec<std::thread::JoinHandle<()>>)> {
-    let (sender, receiver) = std::sync::mpsc::sync_channel::<Queued>(capacity);
-    let receiver = Arc::new(Mutex::new(receiver));
+) -> anyhow::Result<(Arc<Queue>, Vec<std::thread::JoinHandle<()>>)> {
+    let queue = Arc::new(Queue {
+        state: Mutex::new(Waiting {
+            jobs: VecDeque::with_capacity(capacity),
+            closed: false,
+        }),
+        ready: Condvar::new(),
+        capacity,
+        metrics: shared.metrics.clone(),
+    });
     let mut handles = Vec::with_capacity(workers);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     for w in 0..workers {
-        let (shared, receiver, ready) = (shared.clone(), receiver.clone(), ready_tx.clone());
+        let (shared, queue, ready) = (shared.clone(), queue.clone(), ready_tx.clone());
         let handle = std::thread::Builder::new()
             .name(format!("maporl-worker-{w}"))
             .spawn(move || {
@@ -174,7 +227,7 @@ pub fn start(
                 match plugins {
                     Ok((plugins, _)) => {
                         let _ = ready.send(Ok(()));
-                        work(&shared, plugins, &receiver);
+                        work(&shared, plugins, &queue);
                     }
                     Err(e) => {
                         let _ =
@@ -186,25 +239,18 @@ pub fn start(
     }
     drop(ready_tx);
     for _ in 0..workers {
-        ready_rx.recv()??;
+        if let Err(e) = ready_rx.recv()? {
+            queue.close();
+            return Err(e);
+        }
     }
     shared.metrics.workers.store(workers, Ordering::SeqCst);
-    let queue = Queue {
-        sender: Mutex::new(Some(sender)),
-        capacity,
-        metrics: shared.metrics.clone(),
-    };
     Ok((queue, handles))
 }
 
-fn work(shared: &Shared, mut plugins: Plugins, receiver: &Mutex<Receiver<Queued>>) {
-    loop {
-        let next = receiver.lock().unwrap().recv();
-        let Ok(Queued { job, since }) = next else {
-            return; // closed and drained
-        };
+fn work(shared: &Shared, mut plugins: Plugins, queue: &Queue) {
+    while let Some(Queued { job, since }) = queue.next() {
         let m = &shared.metrics;
-        m.queued.fetch_sub(1, Ordering::SeqCst);
         m.waited(since.elapsed());
         if job.abandoned() {
             m.cancelled();
@@ -215,7 +261,9 @@ fn work(shared: &Shared, mut plugins: Plugins, receiver: &Mutex<Receiver<Queued>
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
             Job::Chat { request, events } => chat(shared, &request, &events),
             Job::Debate { request, reply } => {
-                let _ = reply.send(debate(shared, &mut plugins, &request));
+                let gone = || reply.is_closed();
+                let answer = debate(shared, &mut plugins, &request, &gone);
+                let _ = reply.send(answer);
             }
             Job::Judge { request, reply } => {
                 let _ = reply.send(judge(shared, &request));
@@ -225,6 +273,50 @@ fn work(shared: &Shared, mut plugins: Plugins, receiver: &Mutex<Receiver<Queued>
             tracing::error!("a request panicked in its worker; the worker goes on");
         }
         m.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A test hook (feature `test-hooks`): with `MAPORL_TEST_SERVE_SLOW_MS=N`, each piece of a
+/// chat's text and each debate turn takes N ms longer, so that tests can hold workers busy
+/// without a large model.
+fn slow_down() {
+    #[cfg(feature = "test-hooks")]
+    {
+        static SLOW: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let ms = *SLOW.get_or_init(|| {
+            std::env::var("MAPORL_TEST_SERVE_SLOW_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        });
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+}
+
+/// A debate's team that stops before a turn once the debate's client has gone (it went
+/// away, or the server cut its connection at the shutdown timeout).
+struct Watched<'a, T> {
+    team: T,
+    stop: &'a dyn Fn() -> bool,
+}
+
+impl<T: Team> Team for Watched<'_, T> {
+    fn respond(&mut self, turn: u32, requests: &[Request<'_>]) -> anyhow::Result<Vec<Response>> {
+        slow_down();
+        if (self.stop)() {
+            anyhow::bail!("cancelled: the client has gone");
+        }
+        self.team.respond(turn, requests)
+    }
+
+    fn admit(&self, agent: u32, messages: &[ChatMessage]) -> Result<(), String> {
+        self.team.admit(agent, messages)
+    }
+
+    fn admit_all(&self, asks: &[(u32, &[ChatMessage])]) -> anyhow::Result<Vec<Result<(), String>>> {
+        self.team.admit_all(asks)
     }
 }
 
@@ -255,7 +347,10 @@ fn chat(shared: &Shared, request: &ChatRequest, events: &mpsc::UnboundedSender<C
         stop: request.stop.clone(),
         n: request.n,
     };
+    // Stops at the next piece of text once the client has gone (it went away, or the server
+    // cut its connection at the shutdown timeout).
     let result = team.complete(a, &request.messages, &opts, &mut |choice, delta| {
+        slow_down();
         events
             .send(ChatEvent::Text {
                 choice,
@@ -284,6 +379,7 @@ fn debate(
     shared: &Shared,
     plugins: &mut Plugins,
     request: &DebateRequest,
+    gone: &dyn Fn() -> bool,
 ) -> Result<Value, ApiError> {
     let config = &shared.config;
     shared.check_question(&request.question)?;
@@ -299,7 +395,10 @@ fn debate(
     plugins
         .restart(seed)
         .map_err(|e| ApiError::internal(format!("restarting the plugins: {e}")))?;
-    let mut team = shared.team.seated(seed);
+    let mut team = Watched {
+        team: shared.team.seated(seed),
+        stop: gone,
+    };
     let rollout = debate::run(
         plugins,
         &mut team,
