@@ -345,6 +345,9 @@ def add_agents(eval_dir, kept):
             f"{len(summary['credits'])} questions' credits differ): nothing added"
         )
     summary["agents"] = report["agents"]
+    cpu = cpu_name()
+    if cpu != summary.get("cpu") and cpu not in summary.get("reproduced_on", []):
+        summary["reproduced_on"] = summary.get("reproduced_on", []) + [cpu]
     write_json(path, summary)
 
 
@@ -558,6 +561,9 @@ def beta0_transitions(agents, turn):
 def load(root):
     """{row: {seed: read_kept}} of the summaries under root, after the build and model checks."""
     runs, builds, models, cpus = {}, set(), {}, set()
+    # Pairs of CPUs on which one kept evaluation was run again and gave the same credits on
+    # every question (add-agents checks it and records "reproduced_on"): the same text.
+    same = set()
     for path in sorted(root.glob("*-seed*.json")):
         m = re.fullmatch(r"(.+)-seed(\d+)", path.stem)
         if not m or m.group(1).startswith("curve"):
@@ -566,6 +572,9 @@ def load(root):
         meta = kept[2]
         builds.add(meta["build"])
         cpus.add(meta["cpu"])
+        for cpu in json.loads(path.read_text()).get("reproduced_on", []):
+            cpus.add(cpu)
+            same.add(frozenset((meta["cpu"], cpu)))
         for name, digest in (meta["models"] or {}).items():
             if models.setdefault(name, (digest, path.name))[0] != digest:
                 sys.exit(
@@ -578,16 +587,30 @@ def load(root):
         sys.exit(f"fair_table: no kept evaluation under {root}")
     if len(builds) > 1:
         sys.exit(f"fair_table: the summaries under {root} come from several builds ({sorted(builds)}): rows are paired only within one")
-    return runs, cpus
+    # CPUs tied by a reproduction sample the same text: counted as one.
+    groups = [{c} for c in cpus]
+    for pair in same:
+        linked = [g for g in groups if g & pair]
+        merged = set(pair).union(*linked)
+        groups = [g for g in groups if not g & pair] + [merged]
+    return runs, groups
 
 
 def tables(root, resamples):
     """Prints every table of the summaries under root."""
-    runs, cpus = load(root)
-    if len(cpus) > 1:
+    runs, cpu_groups = load(root)
+    if len(cpu_groups) > 1:
+        names = "; ".join(sorted(map(str, set().union(*cpu_groups))))
         print(
-            f"Note: these summaries come from {len(cpus)} CPUs ({'; '.join(sorted(map(str, cpus)))}): "
-            "across them the same weights sample other text, so pairs are looser.\n"
+            f"Note: these summaries come from CPUs ({names}) not shown to sample the same "
+            "text from the same weights, so pairs across them are looser.\n"
+        )
+    elif len(cpu_groups[0]) > 1:
+        names = "; ".join(sorted(map(str, cpu_groups[0])))
+        print(
+            f"Note: these summaries come from {len(cpu_groups[0])} CPUs ({names}); a kept "
+            "evaluation run again on the other gave the same credits on every question, so "
+            "rows pair exactly across them.\n"
         )
     rows = [r for r in ORDER if r in runs] + sorted(set(runs) - set(ORDER))
     turns = max(t for r in runs.values() for (_, t, _) in r.values())
