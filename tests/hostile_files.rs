@@ -186,7 +186,10 @@ fn measured(args: &[&str]) -> (Option<i32>, String, u64) {
                 .find_map(|l| l.strip_prefix("VmHWM:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
             // Before the exec the process is a copy of this one: only the new image counts.
-            if text.lines().any(|l| l.starts_with("Name:") && l.contains("maporl")) {
+            if text
+                .lines()
+                .any(|l| l.starts_with("Name:") && l.contains("maporl"))
+            {
                 peak_kib = peak_kib.max(hwm.unwrap_or(0));
             }
         }

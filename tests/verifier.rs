@@ -349,7 +349,11 @@ fn judge_work_stops_at_the_callers_deadline_and_long_responses_cost_their_end() 
         err.contains("deadline passed with") && err.contains("of 256"),
         "{err}"
     );
-    assert!(started.elapsed().as_secs_f64() < 5.0, "{:?}", started.elapsed());
+    assert!(
+        started.elapsed().as_secs_f64() < 5.0,
+        "{:?}",
+        started.elapsed()
+    );
 
     // The wide judge call, through a real plugin, under a deadline of one second.
     let served = std::sync::Arc::new(served);
