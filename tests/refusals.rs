@@ -248,3 +248,48 @@ fn config_show_prints_the_resolved_config_which_loads_back_unchanged() {
     assert!(again.status.success(), "{}", text(&again));
     assert_eq!(String::from_utf8(again.stdout).unwrap(), shown);
 }
+
+/// A protocol that plans no speaker at turn 1 leaves debates with no answer; the run says
+/// so (how many tasks, which protocol) instead of reporting their accuracy of 0 silently.
+#[test]
+fn a_debate_nobody_speaks_in_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-qwen2");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_qwen2(&model);
+    let data = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &data,
+        "{\"q\": \"silent\", \"a\": \"1\"}\n{\"q\": \"What is 1 + 1?\", \"a\": \"2\"}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["eval", "--config"])
+        .arg(repo().join("configs/smollm2-arith.toml"))
+        .args(["--set", &format!("model.path={}", model.display())])
+        .args([
+            "--set",
+            &format!("run_dir={}", dir.path().join("run").display()),
+        ])
+        .args(["--set", "data.source=jsonl"])
+        .args(["--set", &format!("data.path={}", data.display())])
+        .args(["--set", "data.fields={question = \"q\", reference = \"a\"}"])
+        .args(["--set", "plugins.protocol.path=hostile_protocol.wasm"])
+        .args(["--set", "plugins.protocol.settings={}"])
+        .args([
+            "--set",
+            "debate.turns=1",
+            "--set",
+            "generation.max_new_tokens=2",
+        ])
+        .env("MAPORL_PLUGINS", plugins_dir())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("the protocol planned no speaker at turn 1 for 1 of 2 tasks")
+            && t.contains("hostile_protocol.wasm"),
+        "{t}"
+    );
+}

@@ -22,6 +22,8 @@ pub fn plan(task: &Task, transcript: &Transcript) -> Result<(Vec<Prompt>, bool),
     let everyone = |content: &str| (0..transcript.agents).map(|a| prompt(a, content)).collect();
     match task.question.trim() {
         "bad-plan" => Ok((vec![prompt(99, &task.question)], false)),
+        // No speaker at all: the debate ends before turn 1, with no answer.
+        "silent" => Ok((Vec::new(), false)),
         "duplicate-agent" => Ok((
             vec![prompt(0, &task.question), prompt(0, &task.question)],
             false,
