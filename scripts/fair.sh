@@ -43,6 +43,8 @@
 # D_WARM, so that the untrained model drifts less from its teachers).
 # ADD_AGENTS=1 runs again the rows whose kept summary has no per-agent record (`agents`),
 # checks that the new evaluation gives the kept credits exactly, and adds the record.
+# REEVAL=1 evaluates again the rows whose run is still under $OUT (its final checkpoint), with
+# no training, and replaces their kept summaries: for a fix to a row's evaluation settings.
 # Each run is `maporl train` (with the held-out questions left out by data.offset, and no
 # evaluation of its own) and then `maporl eval` of its final adapters, whose summary is kept
 # in results/fair/ROW-seedS.json (committed; the run itself stays under runs/fair), with the
@@ -219,8 +221,10 @@ for seed in $SEEDS; do
         fi
         dir="$OUT/$row-seed$seed"
         kept="$KEPT/$row-seed$seed.json"
-        adding=""
-        if [ -f "$kept" ]; then
+        adding="" reeval=""
+        if [ -n "${REEVAL:-}" ] && [ -d "$dir/train/checkpoints/final" ]; then
+            reeval=1
+        elif [ -f "$kept" ]; then
             if [ -n "${ADD_AGENTS:-}" ] && ! grep -q '"agents"' "$kept"; then
                 adding=1
             else
@@ -228,9 +232,13 @@ for seed in $SEEDS; do
                 continue
             fi
         fi
-        echo "fair: $row, seed $seed ($(date +%T))"
-        rm -rf "$dir"
-        mkdir -p "$dir"
+        echo "fair: $row, seed $seed ($(date +%T))${reeval:+, evaluated again}"
+        if [ -n "$reeval" ]; then
+            rm -rf "$dir/eval" "$kept"
+        else
+            rm -rf "$dir"
+            mkdir -p "$dir"
+        fi
         settings=() eval_settings=() count=512
         case $row in
         off-the-shelf) ;;
@@ -255,8 +263,15 @@ for seed in $SEEDS; do
                 --set train.sft.batch_size=16 --set train.sft.lr=2e-4)
             count=5120
             ;;
-        maporl-t1) settings=(--set train.adapter_from_turn=1) ;;
-        maporl-current-t1) settings=(--set train.adapter_from_turn=1 --set "$CURRENT") ;;
+        # Turn 1 trained, and evaluated with its adapter (the evaluation reads the same key).
+        maporl-t1)
+            settings=(--set train.adapter_from_turn=1)
+            eval_settings=(--set train.adapter_from_turn=1)
+            ;;
+        maporl-current-t1)
+            settings=(--set train.adapter_from_turn=1 --set "$CURRENT")
+            eval_settings=(--set train.adapter_from_turn=1)
+            ;;
         drift-free-before) ;;
         drift-free) settings=(--set "model.path=$MODEL_D") ;;
         heterogeneous-before) ;;
@@ -314,6 +329,8 @@ for seed in $SEEDS; do
                     exit 1
                 }
             fi
+        elif [ -n "$reeval" ]; then
+            run="$dir/train"
         elif [[ $row != *-before && $row != off-the-shelf* && $row != vote-* ]]; then
             run="$dir/train"
             # The held-out questions are data's first 1,000: training starts after them.
