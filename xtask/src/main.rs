@@ -28,9 +28,9 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 const QUICKSTART: &str = "configs/quickstart.toml";
 
 /// `maporl` from this checkout, built in release first; run directly (not through `cargo
-/// run`) so that its wall time and peak memory are its own.
-/// The `maporl` binary, built first with default features: the demo and the docs' command
-/// blocks need no MPI, so nothing is installed for it (the tests build `--features mpi`).
+/// run`) so that its wall time and peak memory are its own. Built with default features: the
+/// demo and the docs' command blocks need no MPI, so nothing is installed for them (the tests
+/// build `--features mpi`).
 fn maporl() -> Command {
     run(cargo().args(["build", "--release", "-q", "-p", "maporl"]));
     let target = std::env::var_os("CARGO_TARGET_DIR")
