@@ -501,8 +501,7 @@ fn docs(args: &[String]) {
     }
 }
 
-/// The `maporl` binary of this checkout, built first (the build `cargo xtask demo` and the
-/// tests use).
+/// The `maporl` binary of this checkout, built first (the build `cargo xtask demo` uses).
 fn maporl_binary() -> PathBuf {
     let cmd = maporl();
     PathBuf::from(cmd.get_program())
