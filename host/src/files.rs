@@ -32,21 +32,12 @@ pub const DATASET_MAX: u64 = 2 << 30;
 /// The bytes of the regular file at `path` (symbolic links followed), at most `max` of
 /// them; `what` names the file's role in errors ("plugin component", "run config").
 pub fn read_regular(path: &Path, max: u64, what: &str) -> anyhow::Result<Vec<u8>> {
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("cannot read {what} {}", path.display()))?;
-    check_kind(path, &meta, what)?;
-    check_size(path, meta.len(), max, what)?;
-    let file =
-        open_nonblocking(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
-    // What was opened is what is read: the path may have been swapped since the check.
-    let meta = file
-        .metadata()
-        .with_context(|| format!("cannot read {what} {}", path.display()))?;
-    check_kind(path, &meta, what)?;
-    check_size(path, meta.len(), max, what)?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
+    let mut file = open_regular(path, max, what)?;
+    let len = file.get_ref().metadata().map(|m| m.len()).unwrap_or(0);
+    // One byte past `max`, so that a file grown since the check is refused, not cut.
+    file.set_limit(max + 1);
+    let mut bytes = Vec::with_capacity(len.min(max) as usize);
+    file.read_to_end(&mut bytes)
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     check_size(path, bytes.len() as u64, max, what)?;
     Ok(bytes)
@@ -65,6 +56,7 @@ pub fn open_regular(
     check_size(path, meta.len(), max, what)?;
     let file =
         open_nonblocking(path).with_context(|| format!("cannot open {what} {}", path.display()))?;
+    // What was opened is what is read: the path may have been swapped since the check.
     let meta = file
         .metadata()
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
