@@ -87,14 +87,7 @@ fn config_page() -> String {
             "\n## {title}\n\n| key | type | default | meaning |\n|---|---|---|---|\n"
         );
         for k in &t.keys {
-            let _ = writeln!(
-                out,
-                "| `{}` | {} | {} | {} |",
-                k.key,
-                cell(&k.kind),
-                cell(&k.default),
-                cell(&k.meaning)
-            );
+            key_row(&mut out, k);
         }
     }
     out
@@ -292,6 +285,18 @@ fn toml_value(v: &Value) -> String {
 }
 
 /// Text fit for a Markdown table cell.
+/// One key's row of a `| key | type | default | meaning |` table.
+fn key_row(out: &mut String, k: &Key) {
+    let _ = writeln!(
+        out,
+        "| `{}` | {} | {} | {} |",
+        k.key,
+        cell(&k.kind),
+        cell(&k.default),
+        cell(&k.meaning)
+    );
+}
+
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
 }
@@ -445,14 +450,7 @@ fn contract_page() -> String {
     let mut tables = Vec::new();
     walk(&schema, &schema, "", false, &mut tables);
     for k in tables.iter().flat_map(|t| &t.keys) {
-        let _ = writeln!(
-            out,
-            "| `{}` | {} | {} | {} |",
-            k.key,
-            cell(&k.kind),
-            cell(&k.default),
-            cell(&k.meaning)
-        );
+        key_row(&mut out, k);
     }
     out.push_str(
         "\nAnd these bounds, fixed in the host, whatever the config:\n\n\
