@@ -31,8 +31,8 @@ fn inspect_shows_world_version_exports_and_hash() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("world:       protocol"), "{text}");
-    assert!(text.contains("wit version: 0.1.0"), "{text}");
-    assert!(text.contains("maporl:plugin/collaboration@0.1.0"), "{text}");
+    assert!(text.contains("wit version: 0.2.0"), "{text}");
+    assert!(text.contains("maporl:plugin/collaboration@0.2.0"), "{text}");
     assert!(text.contains("plan-turn(task: record"), "{text}");
     use sha2::Digest;
     let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&file).unwrap()));
@@ -209,6 +209,50 @@ fn scaffolded_plugins_build_pass_their_tests_and_check() {
         ));
         let out = maporl(&["plugin", "check", wasm.to_str().unwrap(), "--world", world]);
         assert!(out.status.success(), "{}", stderr(&out));
+        // Built against the frozen 0.1.0 instead (the SDK's feature), it checks and runs
+        // too: a plugin author can still target hosts from before 0.2.0.
+        if kind == "verifier" {
+            let old_target = work.path().join("target-0.1.0");
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["build", "--release", "--target", "wasm32-wasip2"])
+                .args(["--features", "maporl-plugin/since-v0-1-0"])
+                .current_dir(&dir)
+                .env("CARGO_TARGET_DIR", &old_target)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", stderr(&out));
+            let old = old_target.join("wasm32-wasip2/release/my_verifier.wasm");
+            let out = maporl(&["plugin", "check", old.to_str().unwrap(), "--world", world]);
+            assert!(
+                out.status.success() && stdout(&out).contains("(WIT 0.1.0)"),
+                "{}{}",
+                stdout(&out),
+                stderr(&out)
+            );
+            let example = stdout(&maporl(&["plugin", "call", "--example", "score"]));
+            let called = maporl(&[
+                "plugin",
+                "call",
+                old.to_str().unwrap(),
+                "score",
+                "--input",
+                &example,
+            ]);
+            let now = maporl(&[
+                "plugin",
+                "call",
+                wasm.to_str().unwrap(),
+                "score",
+                "--input",
+                &example,
+            ]);
+            assert!(called.status.success(), "{}", stderr(&called));
+            assert_eq!(
+                stdout(&called),
+                stdout(&now),
+                "0.1.0 and 0.2.0 builds score alike"
+            );
+        }
         // The printed example is an input the new plugin takes.
         let example = maporl(&["plugin", "call", "--example", func]);
         assert!(example.status.success(), "{}", stderr(&example));

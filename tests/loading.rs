@@ -36,26 +36,9 @@ fn a_component_of_another_world_is_refused_naming_both_worlds() {
     assert!(load_error(err).contains("targets world `protocol`"));
 }
 
-/// Rewrites the WIT version in a built component (same length, so the binary stays valid).
+/// A copy of the built component `name` whose WIT version is `version`.
 fn with_version(name: &str, version: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    assert_eq!(version.len(), "0.1.0".len());
-    let mut bytes = std::fs::read(plugin(name)).unwrap();
-    let from = b"maporl:plugin/";
-    let mut i = 0;
-    let mut replaced = 0;
-    while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
-        let start = i + pos;
-        let at = bytes[start..]
-            .iter()
-            .position(|&b| b == b'@')
-            .map(|p| start + p + 1);
-        if let Some(at) = at.filter(|&at| bytes[at..].starts_with(b"0.1.0")) {
-            bytes[at..at + 5].copy_from_slice(version.as_bytes());
-            replaced += 1;
-        }
-        i = start + from.len();
-    }
-    assert!(replaced > 0, "no versioned maporl names in {name}");
+    let bytes = with_wit_version(&std::fs::read(plugin(name)).unwrap(), version);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("{name}-{version}.wasm"));
     std::fs::write(&path, bytes).unwrap();
@@ -65,7 +48,7 @@ fn with_version(name: &str, version: &str) -> (tempfile::TempDir, std::path::Pat
 #[test]
 fn a_newer_minor_or_another_major_wit_version_is_refused() {
     let (rt, _, _c) = runtime();
-    for version in ["0.2.0", "1.1.0"] {
+    for version in ["0.3.0", "1.1.0", "0.0.1"] {
         let (_d, path) = with_version("exact_match", version);
         let err = Verifier::load(&rt, &path, &json!({}), &Limits::default())
             .err()
@@ -73,7 +56,8 @@ fn a_newer_minor_or_another_major_wit_version_is_refused() {
         let msg = load_error(err);
         assert!(msg.contains(&format!("maporl:plugin@{version}")), "{msg}");
         assert!(
-            msg.contains("this host implements maporl:plugin@0.1.0"),
+            msg.contains("which this host does not link")
+                && msg.contains("maporl:plugin 0.1.0, 0.2.0"),
             "{msg}"
         );
     }
@@ -82,9 +66,9 @@ fn a_newer_minor_or_another_major_wit_version_is_refused() {
 #[test]
 fn a_patch_newer_plugin_is_accepted() {
     let (rt, _, _c) = runtime();
-    let (_d, path) = with_version("exact_match", "0.1.7");
+    let (_d, path) = with_version("exact_match", "0.2.7");
     let mut v = Verifier::load(&rt, &path, &json!({}), &Limits::default())
-        .expect("0.1.7 loads on a 0.1.0 host");
+        .expect("0.2.7 loads on a 0.2.0 host");
     let verdicts = v
         .score(
             &task("t", "qa", "Capital of France?", "Paris"),
@@ -240,14 +224,14 @@ fn check_reports_world_version_and_hash() {
     let (rt, _, _c) = runtime();
     let ins = rt.check(&plugin("influence"), World::RewardShaper).unwrap();
     assert_eq!(ins.world.as_deref(), Some("reward-shaper"));
-    assert_eq!(ins.wit_version.as_deref(), Some("0.1.0"));
+    assert_eq!(ins.wit_version.as_deref(), Some("0.2.0"));
     let bytes = std::fs::read(plugin("influence")).unwrap();
     use sha2::Digest;
     assert_eq!(ins.sha256, hex::encode(sha2::Sha256::digest(&bytes)));
     let shape = ins
         .exports
         .iter()
-        .find(|e| e.name == "maporl:plugin/reward-shaping@0.1.0")
+        .find(|e| e.name == "maporl:plugin/reward-shaping@0.2.0")
         .expect("exports reward-shaping");
     assert!(
         shape.functions.iter().any(|f| f.starts_with("shape(")),

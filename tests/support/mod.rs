@@ -32,6 +32,74 @@ pub fn plugins_dir() -> &'static Path {
     })
 }
 
+/// The three reference plugins (debate, gsm8k, influence) built against the frozen contract
+/// 0.1.0, as `cargo xtask plugins` builds them; builds them (a no-op when up to date).
+pub fn plugins_since_v0_1_0_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .current_dir(repo())
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--manifest-path",
+                "plugins/Cargo.toml",
+            ])
+            .args([
+                "--target-dir",
+                "plugins/target/since-v0.1.0",
+                "--features",
+                "maporl-plugin/since-v0-1-0",
+            ])
+            .args([
+                "-p",
+                "maporl-protocol-debate",
+                "-p",
+                "maporl-verifier-gsm8k",
+                "-p",
+                "maporl-shaper-influence",
+            ])
+            .status()
+            .expect("running cargo to build the 0.1.0 plugins");
+        assert!(
+            status.success(),
+            "building the reference plugins against 0.1.0 failed"
+        );
+        repo().join("plugins/target/since-v0.1.0/wasm32-wasip2/release")
+    })
+}
+
+/// A component's bytes with every `maporl:plugin/...@` name moved from the host's current WIT
+/// version to `version` (of the same length, so that the binary stays valid).
+pub fn with_wit_version(bytes: &[u8], version: &str) -> Vec<u8> {
+    let current = maporl::plugin::wit_version();
+    assert_eq!(version.len(), current.len());
+    let mut bytes = bytes.to_vec();
+    let from = b"maporl:plugin/";
+    let mut i = 0;
+    let mut replaced = 0;
+    while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
+        let start = i + pos;
+        let at = bytes[start..]
+            .iter()
+            .position(|&b| b == b'@')
+            .map(|p| start + p + 1);
+        if let Some(at) = at.filter(|&at| bytes[at..].starts_with(current.as_bytes())) {
+            bytes[at..at + current.len()].copy_from_slice(version.as_bytes());
+            replaced += 1;
+        }
+        i = start + from.len();
+    }
+    assert!(
+        replaced > 0,
+        "no maporl names at {current} in the component"
+    );
+    bytes
+}
+
 pub fn plugin(name: &str) -> PathBuf {
     let path = plugins_dir().join(format!("{name}.wasm"));
     assert!(path.is_file(), "{} was not built", path.display());

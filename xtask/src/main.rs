@@ -15,7 +15,8 @@
 //!   install Debian's `openmpi-bin`, `libopenmpi-dev` and `libclang-dev` first (apt-get, as
 //!   root), failing with what to install otherwise.
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
-//! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
+//! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins (and
+//!   three reference plugins against the frozen contract 0.1.0, for tests/contract.rs).
 //! - `cargo xtask docs [--check] [--run]`: writes the generated reference (docs/reference/,
 //!   `maporl reference`); `--check` fails instead when a page there differs from what the
 //!   binary prints (`cargo xtask test` runs it); `--run` runs every command block of the
@@ -437,7 +438,30 @@ fn plugins() {
         "--target-dir",
         "plugins/target",
     ]));
+    // Three reference plugins once more, against the frozen contract 0.1.0: tests/contract.rs
+    // runs them beside the current ones to show that plugins built for 0.1.0 still work.
+    run(cargo().args([
+        "build",
+        "--release",
+        "--target",
+        WASM_TARGET,
+        "--manifest-path",
+        "plugins/Cargo.toml",
+        "--target-dir",
+        SINCE_V0_1_0_TARGET,
+        "-p",
+        "maporl-protocol-debate",
+        "-p",
+        "maporl-verifier-gsm8k",
+        "-p",
+        "maporl-shaper-influence",
+        "--features",
+        "maporl-plugin/since-v0-1-0",
+    ]));
 }
+
+/// Where `plugins` builds the reference plugins against the frozen contract 0.1.0.
+const SINCE_V0_1_0_TARGET: &str = "plugins/target/since-v0.1.0";
 
 /// The reference pages `maporl reference PAGE` prints, by file under docs/reference/.
 const REFERENCE_PAGES: &[(&str, &str)] = &[

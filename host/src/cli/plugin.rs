@@ -267,10 +267,18 @@ fn sdk_files() -> Vec<(&'static str, String)> {
     );
     for (file, text) in &mut files {
         if *file == "src/lib.rs" {
-            *text = text.replace(r#"path: "../../wit""#, r#"path: "wit""#);
+            // The SDK's WIT paths, `"../../wit"` and `"../../wit/since_v0.1.0"` in this
+            // repository, are its own `wit/` in the vendored copy.
+            *text = text.replace(r#""../../wit"#, r#""wit"#);
         }
     }
     files.push(("wit/maporl.wit", plugin::WIT.to_string()));
+    // The frozen 0.1.0, for `--features maporl-plugin/since-v0-1-0` (a plugin that must
+    // also load in hosts from before 0.2.0).
+    files.push((
+        "wit/since_v0.1.0/maporl.wit",
+        plugin::WIT_V0_1_0.to_string(),
+    ));
     files
 }
 

@@ -438,12 +438,16 @@ fn contract_page() -> String {
         "# The plugin contract\n\n\
          Package `{}@{major}.{minor}.{patch}`. Every plugin is a WebAssembly component that \
          implements one of its worlds; `maporl plugin check FILE` says whether a component \
-         does, and links against this host.\n\n\
+         does, and links against this host. This host links every released version of the \
+         contract side by side: a plugin built against any of {} (or a later patch of one) \
+         loads and runs unchanged. Each is kept, frozen, in `wit/since_vX.Y.Z/`.\n\n\
          ## Limits\n\n\
          Each plugin of a run runs under these limits, per call; a run config sets them per \
-         plugin, e.g. `[plugins.verifier.limits] deadline_ms = 1000`.\n\n\
+         plugin, e.g. `[plugins.verifier.limits] deadline_ms = 1000`, and a plugin reads its own \
+         with the host function `limits` (since 0.2.0).\n\n\
          | key | type | default | meaning |\n|---|---|---|---|\n",
-        maporl::plugin::WIT_PACKAGE
+        maporl::plugin::WIT_PACKAGE,
+        maporl::plugin::wit_versions()
     );
     let schema = serde_json::to_value(schemars::schema_for!(maporl::plugin::Limits))
         .expect("a schema serializes");

@@ -165,21 +165,26 @@ fn parse_version(v: &str) -> Option<Version> {
     parts.next().is_none().then_some(version)
 }
 
-/// A plugin built against `version` runs on this host when the major versions are equal and
-/// the plugin's minor version is not above the host's.
+/// A plugin built against `version` runs on this host when the host links that version's
+/// track (see [`super::wit::same_track`]): one of [`super::WIT_VERSIONS`], or a later patch.
 pub(crate) fn check_version(what: &str, version: Version) -> Result<(), String> {
-    let (major, minor, _) = WIT_VERSION;
-    if version.0 == major && version.1 <= minor {
+    if super::wit::linked_for(version).is_some() {
         return Ok(());
     }
+    let newer = version > WIT_VERSION;
     Err(format!(
-        "{what} is built against {WIT_PACKAGE}@{}.{}.{}, but this host implements {WIT_PACKAGE}@{}: \
-         a plugin must have the same major version ({major}) and a minor version not above {minor}; \
-         rebuild it against this host's wit/maporl.wit (`maporl plugin new` copies it)",
+        "{what} is built against {WIT_PACKAGE}@{}.{}.{}, which this host does not link: it \
+         runs plugins built against {WIT_PACKAGE} {} (each, or a later patch of it){}",
         version.0,
         version.1,
         version.2,
-        wit_version()
+        super::wit_versions(),
+        if newer {
+            "; the plugin is newer than this host: upgrade maporl, or rebuild the plugin \
+             against this host's wit/maporl.wit (`maporl plugin new` copies it)"
+        } else {
+            "; rebuild it against this host's wit/maporl.wit (`maporl plugin new` copies it)"
+        }
     ))
 }
 
@@ -275,15 +280,19 @@ mod tests {
     }
 
     #[test]
-    fn version_rule_is_same_major_and_minor_not_above() {
+    fn versions_the_host_links_are_accepted_and_others_refused() {
         assert!(check_version("x", (0, 1, 0)).is_ok());
         assert!(check_version("x", (0, 1, 7)).is_ok());
-        assert!(check_version("x", (0, 0, 3)).is_ok());
-        let err = check_version("x", (0, 2, 0)).unwrap_err();
+        assert!(check_version("x", (0, 2, 0)).is_ok());
+        let err = check_version("x", (0, 3, 0)).unwrap_err();
         assert!(
-            err.contains("maporl:plugin@0.2.0") && err.contains("0.1.0"),
+            err.contains("maporl:plugin@0.3.0")
+                && err.contains("0.1.0, 0.2.0")
+                && err.contains("newer than this host"),
             "{err}"
         );
+        let err = check_version("x", (0, 0, 3)).unwrap_err();
+        assert!(err.contains("rebuild it against"), "{err}");
         assert!(check_version("x", (1, 0, 0)).is_err());
     }
 

@@ -25,6 +25,7 @@ mod runtime;
 mod sandbox;
 mod shaper;
 mod verifier;
+mod wit;
 
 pub use error::{Failure, PluginError};
 pub use handle::Identity;
@@ -45,8 +46,17 @@ pub use verifier::Verifier;
 /// The WIT package every plugin is built against, as shipped with this host.
 pub const WIT: &str = include_str!("../../../wit/maporl.wit");
 
-/// The version of the WIT package this host implements.
-pub const WIT_VERSION: (u64, u64, u64) = (0, 1, 0);
+/// The contract as released at 0.1.0 (`wit/since_v0.1.0/`), which `maporl plugin new`
+/// vendors beside the current one.
+pub const WIT_V0_1_0: &str = include_str!("../../../wit/since_v0.1.0/maporl.wit");
+
+/// The version of the WIT package this host implements: `wit/maporl.wit`'s, the latest
+/// of [`WIT_VERSIONS`].
+pub const WIT_VERSION: (u64, u64, u64) = wit::VERSIONS[wit::VERSIONS.len() - 1];
+
+/// Every version of the WIT package this host links, oldest first: a plugin built against
+/// any of them (or a later patch of one) loads.
+pub const WIT_VERSIONS: &[(u64, u64, u64)] = &wit::VERSIONS;
 
 /// The package name of the WIT contract.
 pub const WIT_PACKAGE: &str = "maporl:plugin";
@@ -167,8 +177,17 @@ pub fn fixed_limits() -> Vec<(&'static str, String, &'static str)> {
     ]
 }
 
-/// The host's WIT version as text, e.g. "0.1.0".
+/// The host's WIT version as text, e.g. "0.2.0".
 pub fn wit_version() -> String {
     let (major, minor, patch) = WIT_VERSION;
     format!("{major}.{minor}.{patch}")
+}
+
+/// Every version the host links, as text: "0.1.0, 0.2.0".
+pub fn wit_versions() -> String {
+    WIT_VERSIONS
+        .iter()
+        .map(|(a, b, c)| format!("{a}.{b}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -8,7 +8,7 @@ use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
 use super::bindings::{
-    export_index, protocol as b, Export, Plan, Signature, TaskView, TranscriptView,
+    export_index, Configure, Export, PromptLift, Signature, TaskView, TranscriptView,
 };
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
@@ -20,7 +20,7 @@ pub(crate) struct PlanTurn;
 
 impl Signature for PlanTurn {
     type Params<'a> = (TaskView<'a>, u32, TranscriptView<'a>);
-    type Results = (Result<Plan, String>,);
+    type Results = (Result<Vec<PromptLift>, String>,);
 }
 
 /// `decide(task, turn, transcript) -> result<list<string>, string>`.
@@ -31,10 +31,10 @@ impl Signature for Decide {
     type Results = (Result<Vec<String>, String>,);
 }
 
-/// A protocol's instance: the generated bindings (for `configure`), and the calls of a
-/// debate, which lower the host's records without copying them first.
+/// A protocol's instance: `configure`, and the calls of a debate, which lower the host's
+/// records without copying them first.
 pub(crate) struct Exports {
-    bindings: b::Protocol,
+    configure: Export<Configure>,
     plan_turn: Export<PlanTurn>,
     decide: Export<Decide>,
 }
@@ -43,7 +43,7 @@ pub(crate) struct Exports {
 #[derive(Clone)]
 pub(crate) struct ExportsPre {
     pre: InstancePre<Sandbox>,
-    bindings: b::ProtocolIndices,
+    configure: ComponentExportIndex,
     plan_turn: ComponentExportIndex,
     decide: ComponentExportIndex,
 }
@@ -53,16 +53,16 @@ impl WorldBindings for Exports {
     const WORLD: World = World::Protocol;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         Ok(ExportsPre {
-            bindings: b::ProtocolIndices::new(&pre)?,
-            plan_turn: export_index(&pre, Self::WORLD, "plan-turn")?,
-            decide: export_index(&pre, Self::WORLD, "decide")?,
+            configure: export_index::<Configure>(&pre, Self::WORLD, "configure")?,
+            plan_turn: export_index::<PlanTurn>(&pre, Self::WORLD, "plan-turn")?,
+            decide: export_index::<Decide>(&pre, Self::WORLD, "decide")?,
             pre,
         })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
         let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: pre.bindings.load(&mut *store, &instance)?,
+            configure: Export::load(store, &instance, &pre.configure)?,
             plan_turn: Export::load(store, &instance, &pre.plan_turn)?,
             decide: Export::load(store, &instance, &pre.decide)?,
         })
@@ -72,9 +72,7 @@ impl WorldBindings for Exports {
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.bindings
-            .maporl_plugin_collaboration()
-            .call_configure(store, settings)
+        self.configure.call(store, (settings,)).map(|(r,)| r)
     }
 }
 
@@ -127,7 +125,7 @@ impl Protocol {
             );
             p.plan_turn.call(store, params).map(|(plan,)| plan)
         })?;
-        let Plan(plan) = plan;
+        let plan: Vec<Prompt> = plan.into_iter().map(Prompt::from).collect();
         validate_plan(
             &plan,
             transcript.agents,

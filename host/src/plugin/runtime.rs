@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::host;
 use super::inspect::{self, Inspection};
 use super::sandbox::{stderr_sink, Judge, LogSink, Sandbox};
 use super::{Failure, PluginError, World};
@@ -89,7 +88,7 @@ impl Runtime {
             .map_err(|e| anyhow::anyhow!("linking WASI: {e:#}"))?;
         super::sandbox::forbid_waiting(&mut linker)
             .map_err(|e| anyhow::anyhow!("linking WASI's clocks: {e:#}"))?;
-        host::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s)
+        super::wit::add_to_linker(&mut linker)
             .map_err(|e| anyhow::anyhow!("linking the host interface: {e:#}"))?;
         let engine_key = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -131,10 +130,11 @@ impl Runtime {
             .linker
             .instantiate_pre(&loaded.component)
             .map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
+        use super::handle::WorldBindings;
         let typed = match world {
-            World::Protocol => super::bindings::protocol::ProtocolPre::new(pre).map(|_| ()),
-            World::Verifier => super::bindings::verifier::VerifierPre::new(pre).map(|_| ()),
-            World::RewardShaper => super::bindings::shaper::RewardShaperPre::new(pre).map(|_| ()),
+            World::Protocol => super::protocol::Exports::pre(pre).map(|_| ()),
+            World::Verifier => super::verifier::Exports::pre(pre).map(|_| ()),
+            World::RewardShaper => super::shaper::Exports::pre(pre).map(|_| ()),
         };
         typed.map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
         Ok(inspect::describe(

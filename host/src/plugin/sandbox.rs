@@ -13,7 +13,7 @@ use wasmtime_wasi::{
     HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
 };
 
-use super::bindings::host;
+use super::wit::latest::host;
 use super::World;
 
 /// Resource limits of one plugin, per call.
@@ -228,6 +228,8 @@ pub(crate) struct Sandbox {
     table: ResourceTable,
     pub(crate) stderr: MemoryOutputPipe,
     memory_limit: usize,
+    /// The limits the plugin runs under, as the host function `limits` tells them.
+    limits: Limits,
     /// Bytes of every linear memory and table of every instance in this store: what the
     /// cap bounds.
     footprint: usize,
@@ -278,6 +280,7 @@ impl Sandbox {
             table: ResourceTable::new(),
             stderr,
             memory_limit: limits.memory_bytes(),
+            limits: limits.clone(),
             footprint: 0,
             memory_refused: None,
             plugin_name: plugin_name.to_string(),
@@ -513,6 +516,25 @@ impl host::Host for Sandbox {
                 }
                 Ok(probs)
             }
+        }
+    }
+
+    fn limits(&mut self) -> host::PluginLimits {
+        let l = &self.limits;
+        let call = JUDGE_MAX_RESPONSES_PER_CALL.saturating_sub(self.judged);
+        let debate = JUDGE_MAX_RESPONSES_PER_DEBATE
+            .saturating_sub(self.judged_before.saturating_add(self.judged));
+        host::PluginLimits {
+            fuel: l.fuel,
+            deadline_ms: l.deadline_ms,
+            memory_bytes: l.memory_mib.saturating_mul(1 << 20),
+            max_result_bytes: l.max_result_kib.saturating_mul(1 << 10),
+            max_prompt_bytes: l.max_prompt_bytes,
+            max_answer_bytes: l.max_answer_bytes,
+            max_abs_reward: l.max_abs_reward,
+            max_reward_parts: l.max_reward_parts,
+            max_part_name_bytes: l.max_part_name_bytes,
+            judge_responses_left: u32::try_from(call.min(debate)).unwrap_or(u32::MAX),
         }
     }
 }

@@ -7,7 +7,7 @@ use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
 use super::bindings::{
-    export_index, shaper as b, wit, Export, Signature, TaskView, TranscriptView,
+    export_index, types, Configure, Export, Signature, TaskView, TranscriptView,
 };
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
@@ -19,13 +19,13 @@ pub(crate) struct Shape;
 
 impl Signature for Shape {
     type Params<'a> = (TaskView<'a>, TranscriptView<'a>);
-    type Results = (Result<Vec<wit::Reward>, String>,);
+    type Results = (Result<Vec<types::Reward>, String>,);
 }
 
-/// A reward shaper's instance: the generated bindings (for `configure`), and `shape`, which
-/// lowers the host's records without copying them first.
+/// A reward shaper's instance: `configure`, and `shape`, which lowers the host's records
+/// without copying them first.
 pub(crate) struct Exports {
-    bindings: b::RewardShaper,
+    configure: Export<Configure>,
     shape: Export<Shape>,
 }
 
@@ -33,7 +33,7 @@ pub(crate) struct Exports {
 #[derive(Clone)]
 pub(crate) struct ExportsPre {
     pre: InstancePre<Sandbox>,
-    bindings: b::RewardShaperIndices,
+    configure: ComponentExportIndex,
     shape: ComponentExportIndex,
 }
 
@@ -42,15 +42,15 @@ impl WorldBindings for Exports {
     const WORLD: World = World::RewardShaper;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         Ok(ExportsPre {
-            bindings: b::RewardShaperIndices::new(&pre)?,
-            shape: export_index(&pre, Self::WORLD, "shape")?,
+            configure: export_index::<Configure>(&pre, Self::WORLD, "configure")?,
+            shape: export_index::<Shape>(&pre, Self::WORLD, "shape")?,
             pre,
         })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
         let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: pre.bindings.load(&mut *store, &instance)?,
+            configure: Export::load(store, &instance, &pre.configure)?,
             shape: Export::load(store, &instance, &pre.shape)?,
         })
     }
@@ -59,9 +59,7 @@ impl WorldBindings for Exports {
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.bindings
-            .maporl_plugin_reward_shaping()
-            .call_configure(store, settings)
+        self.configure.call(store, (settings,)).map(|(r,)| r)
     }
 }
 

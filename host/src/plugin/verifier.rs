@@ -5,7 +5,7 @@ use std::path::Path;
 use wasmtime::component::{ComponentExportIndex, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{export_index, verifier as b, wit, Export, Signature, TaskView};
+use super::bindings::{export_index, types, Configure, Export, Signature, TaskView};
 use super::handle::{Handle, Identity, WorldBindings};
 use super::sandbox::{Limits, Sandbox};
 use super::{Failure, PluginError, Runtime, World};
@@ -24,13 +24,13 @@ pub(crate) struct Score;
 
 impl Signature for Score {
     type Params<'a> = (TaskView<'a>, &'a [String]);
-    type Results = (Result<Vec<wit::Verdict>, String>,);
+    type Results = (Result<Vec<types::Verdict>, String>,);
 }
 
-/// A verifier's instance: the generated bindings (for `configure`), and its calls, which
-/// lower the host's records without copying them first.
+/// A verifier's instance: `configure`, and its calls, which lower the host's records
+/// without copying them first.
 pub(crate) struct Exports {
-    bindings: b::Verifier,
+    configure: Export<Configure>,
     extract: Export<Extract>,
     score: Export<Score>,
 }
@@ -39,7 +39,7 @@ pub(crate) struct Exports {
 #[derive(Clone)]
 pub(crate) struct ExportsPre {
     pre: InstancePre<Sandbox>,
-    bindings: b::VerifierIndices,
+    configure: ComponentExportIndex,
     extract: ComponentExportIndex,
     score: ComponentExportIndex,
 }
@@ -49,16 +49,16 @@ impl WorldBindings for Exports {
     const WORLD: World = World::Verifier;
     fn pre(pre: InstancePre<Sandbox>) -> wasmtime::Result<Self::Pre> {
         Ok(ExportsPre {
-            bindings: b::VerifierIndices::new(&pre)?,
-            extract: export_index(&pre, Self::WORLD, "extract")?,
-            score: export_index(&pre, Self::WORLD, "score")?,
+            configure: export_index::<Configure>(&pre, Self::WORLD, "configure")?,
+            extract: export_index::<Extract>(&pre, Self::WORLD, "extract")?,
+            score: export_index::<Score>(&pre, Self::WORLD, "score")?,
             pre,
         })
     }
     fn instantiate(pre: &Self::Pre, store: &mut Store<Sandbox>) -> wasmtime::Result<Self> {
         let instance = pre.pre.instantiate(&mut *store)?;
         Ok(Exports {
-            bindings: pre.bindings.load(&mut *store, &instance)?,
+            configure: Export::load(store, &instance, &pre.configure)?,
             extract: Export::load(store, &instance, &pre.extract)?,
             score: Export::load(store, &instance, &pre.score)?,
         })
@@ -68,9 +68,7 @@ impl WorldBindings for Exports {
         store: &mut Store<Sandbox>,
         settings: &str,
     ) -> wasmtime::Result<Result<(), String>> {
-        self.bindings
-            .maporl_plugin_verification()
-            .call_configure(store, settings)
+        self.configure.call(store, (settings,)).map(|(r,)| r)
     }
 }
 

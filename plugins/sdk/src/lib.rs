@@ -65,58 +65,80 @@ use std::marker::PhantomData;
 static ALLOCATOR: allocator::SizeClasses<std::alloc::System> =
     allocator::SizeClasses::new(std::alloc::System);
 
-/// The bindings wit-bindgen generates for the three worlds. Plugins use the traits and
-/// macros of this crate instead; this is public for the export macros (and for test
-/// fixtures that need the raw bindings).
-#[doc(hidden)]
-pub mod bindings {
-    /// The `protocol` world; it also generates the shared `types` and `host` interfaces.
-    pub mod protocol {
-        wit_bindgen::generate!({
-            world: "protocol",
-            path: "../../wit",
-            generate_all,
-            generate_unused_types: true,
-            additional_derives: [PartialEq],
-            pub_export_macro: true,
-            export_macro_name: "export_protocol_world",
-            default_bindings_module: "maporl_plugin::bindings::protocol",
-        });
-    }
+/// The bindings wit-bindgen generates for the three worlds, from `$wit` at `$version`.
+macro_rules! bindings {
+    ($wit:literal, $types:literal, $host:literal) => {
+        /// The bindings wit-bindgen generates for the three worlds. Plugins use the traits
+        /// and macros of this crate instead; this is public for the export macros (and for
+        /// test fixtures that need the raw bindings).
+        #[doc(hidden)]
+        pub mod bindings {
+            /// The `protocol` world; it also generates the shared `types` and `host`
+            /// interfaces.
+            pub mod protocol {
+                wit_bindgen::generate!({
+                    world: "protocol",
+                    path: $wit,
+                    generate_all,
+                    generate_unused_types: true,
+                    additional_derives: [PartialEq],
+                    pub_export_macro: true,
+                    export_macro_name: "export_protocol_world",
+                    default_bindings_module: "maporl_plugin::bindings::protocol",
+                });
+            }
 
-    /// The `verifier` world.
-    pub mod verifier {
-        wit_bindgen::generate!({
-            world: "verifier",
-            path: "../../wit",
-            with: {
-                "maporl:plugin/types@0.1.0": crate::bindings::protocol::maporl::plugin::types,
-                "maporl:plugin/host@0.1.0": crate::bindings::protocol::maporl::plugin::host,
-            },
-            pub_export_macro: true,
-            export_macro_name: "export_verifier_world",
-            default_bindings_module: "maporl_plugin::bindings::verifier",
-        });
-    }
+            /// The `verifier` world.
+            pub mod verifier {
+                wit_bindgen::generate!({
+                    world: "verifier",
+                    path: $wit,
+                    with: {
+                        $types: crate::bindings::protocol::maporl::plugin::types,
+                        $host: crate::bindings::protocol::maporl::plugin::host,
+                    },
+                    pub_export_macro: true,
+                    export_macro_name: "export_verifier_world",
+                    default_bindings_module: "maporl_plugin::bindings::verifier",
+                });
+            }
 
-    /// The `reward-shaper` world.
-    pub mod reward_shaper {
-        wit_bindgen::generate!({
-            world: "reward-shaper",
-            path: "../../wit",
-            with: {
-                "maporl:plugin/types@0.1.0": crate::bindings::protocol::maporl::plugin::types,
-                "maporl:plugin/host@0.1.0": crate::bindings::protocol::maporl::plugin::host,
-            },
-            pub_export_macro: true,
-            export_macro_name: "export_reward_shaper_world",
-            default_bindings_module: "maporl_plugin::bindings::reward_shaper",
-        });
-    }
+            /// The `reward-shaper` world.
+            pub mod reward_shaper {
+                wit_bindgen::generate!({
+                    world: "reward-shaper",
+                    path: $wit,
+                    with: {
+                        $types: crate::bindings::protocol::maporl::plugin::types,
+                        $host: crate::bindings::protocol::maporl::plugin::host,
+                    },
+                    pub_export_macro: true,
+                    export_macro_name: "export_reward_shaper_world",
+                    default_bindings_module: "maporl_plugin::bindings::reward_shaper",
+                });
+            }
+        }
+    };
 }
 
+// The contract a plugin is built against: `wit/maporl.wit` (0.2.0), or with the feature
+// `since-v0-1-0` the frozen 0.1.0 (a plugin that must load in hosts from before 0.2.0; the
+// host's tests build reference plugins this way to show that 0.1.0 plugins still run).
+#[cfg(not(feature = "since-v0-1-0"))]
+bindings!(
+    "../../wit",
+    "maporl:plugin/types@0.2.0",
+    "maporl:plugin/host@0.2.0"
+);
+#[cfg(feature = "since-v0-1-0")]
+bindings!(
+    "../../wit/since_v0.1.0",
+    "maporl:plugin/types@0.1.0",
+    "maporl:plugin/host@0.1.0"
+);
+
 /// The WIT record types (`maporl:plugin/types`). Raw bindings map them in with
-/// `with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types }`.
+/// `with: { "maporl:plugin/types@0.2.0": maporl_plugin::wit::types }`.
 pub mod wit {
     pub use crate::bindings::protocol::maporl::plugin::types;
 }
@@ -160,6 +182,17 @@ pub mod host {
     pub fn judge(question: &str, responses: &[String]) -> Result<Vec<f32>, String> {
         raw::judge(question, responses)
     }
+
+    /// The bounds this plugin runs under in this run (fuel, deadline, memory, the sizes
+    /// the host accepts, what `judge` would still take): fit the work to them instead of
+    /// guessing. Contract 0.2.0; absent when built with the feature `since-v0-1-0`.
+    #[cfg(not(feature = "since-v0-1-0"))]
+    pub fn limits() -> PluginLimits {
+        raw::limits()
+    }
+
+    #[cfg(not(feature = "since-v0-1-0"))]
+    pub use raw::PluginLimits;
 }
 
 /// A collaboration protocol: who speaks at each turn, what each agent sees, and the team's

@@ -130,7 +130,7 @@ mod bindings {
     wit_bindgen::generate!({
         world: "protocol",
         path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types },
+        with: { "maporl:plugin/types@0.2.0": maporl_plugin::wit::types },
     });
 }
 

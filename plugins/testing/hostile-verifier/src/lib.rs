@@ -89,11 +89,11 @@ mod bindings {
     wit_bindgen::generate!({
         world: "verifier",
         path: "../../../wit",
-        with: { "maporl:plugin/types@0.1.0": maporl_plugin::wit::types },
+        with: { "maporl:plugin/types@0.2.0": maporl_plugin::wit::types },
     });
 }
 
-use bindings::maporl::plugin::host::{judge, log, Level};
+use bindings::maporl::plugin::host::{judge, limits, log, Level};
 
 struct Hostile;
 
@@ -144,6 +144,29 @@ impl bindings::exports::maporl::plugin::verification::Guest for Hostile {
             // Within every per-call bound (256 responses of 64 KiB), but long: the host's
             // work for it must stop at the call's deadline.
             "judge-wide" => judge("q", &flood(256, 64 << 10)).map(|_| ())?,
+            // The host's `limits` (contract 0.2.0), as an error that shows every field,
+            // after judging `responses` when the question is `limits-after-judge`.
+            "limits" | "limits-after-judge" => {
+                if task.question.trim() == "limits-after-judge" {
+                    judge("q", &responses)?;
+                }
+                let l = limits();
+                return Err(format!(
+                    "limits: fuel={} deadline-ms={} memory-bytes={} max-result-bytes={} \
+                     max-prompt-bytes={} max-answer-bytes={} max-abs-reward={} \
+                     max-reward-parts={} max-part-name-bytes={} judge-responses-left={}",
+                    l.fuel,
+                    l.deadline_ms,
+                    l.memory_bytes,
+                    l.max_result_bytes,
+                    l.max_prompt_bytes,
+                    l.max_answer_bytes,
+                    l.max_abs_reward,
+                    l.max_reward_parts,
+                    l.max_part_name_bytes,
+                    l.judge_responses_left
+                ));
+            }
             _ => {}
         }
         if task.question.trim() == "judge" {
