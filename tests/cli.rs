@@ -31,7 +31,10 @@ fn inspect_shows_world_version_exports_and_hash() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("world:       protocol"), "{text}");
-    assert!(text.contains("wit version: 0.2.0"), "{text}");
+    assert!(
+        text.contains("wit version: 0.2.0 (runs on this host, which links 0.1.0, 0.2.0)"),
+        "{text}"
+    );
     assert!(text.contains("maporl:plugin/collaboration@0.2.0"), "{text}");
     assert!(text.contains("plan-turn(task: record"), "{text}");
     use sha2::Digest;
@@ -42,6 +45,22 @@ fn inspect_shows_world_version_exports_and_hash() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["world"], "protocol");
     assert_eq!(json["sha256"], sha);
+
+    // A component built against a contract this host does not link is described, and says so.
+    let dir = tempfile::tempdir().unwrap();
+    let newer = dir.path().join("debate-0.3.0.wasm");
+    std::fs::write(
+        &newer,
+        with_wit_version(&std::fs::read(&file).unwrap(), "0.3.0"),
+    )
+    .unwrap();
+    let out = maporl(&["plugin", "inspect", newer.to_str().unwrap()]);
+    assert!(
+        stdout(&out)
+            .contains("wit version: 0.3.0 (does not run on this host, which links 0.1.0, 0.2.0)"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
@@ -555,4 +574,127 @@ fn each_cross_domain_row_is_paired_with_the_untrained_team_on_its_own_family() {
         assert!(paired.contains(&want), "{want}\n{table}");
     }
     assert!(!paired.contains("untrained"), "{table}");
+}
+
+/// `plugin new --lang python`: each kind's scaffold passes its own tests natively and vendors
+/// the Python SDK with this host's contract; the reward shaper builds, checks, answers the
+/// printed example, and trains a step of the quickstart in place of `influence`.
+#[test]
+fn python_scaffolds_pass_their_tests_and_a_shaper_builds_and_trains() {
+    let work = tempfile::tempdir().unwrap();
+    for (kind, name, world) in [
+        ("protocol", "my-protocol", "protocol"),
+        ("verifier", "my-verifier", "verifier"),
+        ("reward-shaper", "my-shaper", "reward-shaper"),
+    ] {
+        let dir = work.path().join(name);
+        let out = maporl(&[
+            "plugin",
+            "new",
+            kind,
+            name,
+            "--lang",
+            "python",
+            "--path",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let steps = stdout(&out);
+        for step in [
+            "python3 -m unittest".to_string(),
+            format!("python3 -m maporl_plugin build app.py --world {world}"),
+            format!(
+                "maporl plugin check {}/{}.wasm --world {world}",
+                dir.display(),
+                name.replace('-', "_")
+            ),
+            "componentize-py==0.25.1".to_string(),
+        ] {
+            assert!(steps.contains(&step), "{step}:\n{steps}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join("maporl_plugin/wit/maporl.wit")).unwrap(),
+            maporl::plugin::WIT
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("maporl_plugin/worlds.py")).unwrap(),
+            std::fs::read_to_string(repo().join("plugins/python/sdk/maporl_plugin/worlds.py"))
+                .unwrap(),
+        );
+        let tests = Command::new("python3")
+            .args(["-m", "unittest", "-v"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            tests.status.success() && stderr(&tests).contains("Ran 1 test"),
+            "{name}: {}",
+            stderr(&tests)
+        );
+    }
+    let dir = work.path().join("my-shaper");
+    let wasm = dir.join("my_shaper.wasm");
+    let built = Command::new("python3")
+        .args([
+            "-m",
+            "maporl_plugin",
+            "build",
+            "app.py",
+            "--world",
+            "reward-shaper",
+            "-o",
+        ])
+        .arg(&wasm)
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", stderr(&built));
+    let out = maporl(&[
+        "plugin",
+        "check",
+        wasm.to_str().unwrap(),
+        "--world",
+        "reward-shaper",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let example = stdout(&maporl(&["plugin", "call", "--example", "shape"]));
+    let called = maporl(&[
+        "plugin",
+        "call",
+        wasm.to_str().unwrap(),
+        "shape",
+        "--input",
+        &example,
+    ]);
+    assert!(called.status.success(), "{}", stderr(&called));
+    assert!(stdout(&called).contains("\"score\""), "{}", stdout(&called));
+
+    let model = work.path().join("tiny-qwen2");
+    std::fs::create_dir(&model).unwrap();
+    write_tiny_qwen2(&model);
+    let run = work.path().join("run");
+    let out = maporl(&[
+        "train",
+        "--config",
+        repo().join("configs/quickstart.toml").to_str().unwrap(),
+        "--set",
+        &format!("model.path={}", model.display()),
+        "--set",
+        &format!("run_dir={}", run.display()),
+        "--set",
+        "train.steps=1",
+        "--set",
+        "debate.batch_size=2",
+        "--set",
+        "data.held_out=0",
+        "--set",
+        "generation.max_new_tokens=8",
+        "--set",
+        &format!("plugins.shaper.path={}", wasm.display()),
+        "--set",
+        "plugins.shaper.settings={bonus=0.5}",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("score"), "{metrics}");
 }

@@ -72,6 +72,63 @@ pub fn plugins_since_v0_1_0_dir() -> &'static Path {
     })
 }
 
+/// The Python example plugins (plugins/python: debate, gsm8k, influence), built with the
+/// Python SDK's build command (componentize-py) into plugins/target/python when missing or
+/// older than their sources. Fails loudly without componentize-py (`cargo xtask test`
+/// installs it).
+pub fn python_plugins_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = repo().join("plugins/python");
+        let out = repo().join("plugins/target/python");
+        let newest_source = |dirs: &[PathBuf]| {
+            dirs.iter()
+                .flat_map(|d| walk(d))
+                .filter(|p| p.extension().is_some_and(|e| e == "py" || e == "wit"))
+                .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+                .max()
+                .unwrap()
+        };
+        for (name, world) in [
+            ("debate", "protocol"),
+            ("gsm8k", "verifier"),
+            ("influence", "reward-shaper"),
+        ] {
+            let wasm = out.join(format!("{name}.wasm"));
+            let source = newest_source(&[root.join("sdk"), root.join(name)]);
+            let built = wasm.metadata().and_then(|m| m.modified()).ok();
+            if built.is_some_and(|b| b >= source) {
+                continue;
+            }
+            let status = std::process::Command::new("python3")
+                .current_dir(root.join("sdk"))
+                .args(["-m", "maporl_plugin", "build", &format!("../{name}/app.py")])
+                .args(["--world", world, "-o", wasm.to_str().unwrap()])
+                .status()
+                .expect("running python3");
+            assert!(
+                status.success(),
+                "building the Python plugin {name} failed; is componentize-py installed? \
+                 (`python3 -m pip install componentize-py==0.25.1`; `cargo xtask test` does it)"
+            );
+        }
+        out
+    })
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// A component's bytes with every `maporl:plugin/...@` name moved from the host's current WIT
 /// version to `version` (of the same length, so that the binary stays valid).
 pub fn with_wit_version(bytes: &[u8], version: &str) -> Vec<u8> {

@@ -54,6 +54,7 @@ fn main() {
         "demo" => demo(rest),
         "test" => {
             plugins();
+            python_sdk();
             smollm2();
             registry();
             chromium();
@@ -330,6 +331,31 @@ fn registry() {
         eprintln!("xtask: installed docker-registry, but {BIN} is still missing");
         exit(1);
     }
+}
+
+/// The Python plugin SDK's build tool (componentize-py, from PyPI, at the version the SDK
+/// names) and the SDK's own unit tests; tests/python_plugins.rs builds the Python examples
+/// with it.
+fn python_sdk() {
+    const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+    let have = Command::new("componentize-py")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("0.25.1"));
+    if !have {
+        run(Command::new("python3").args(["-m", "pip", "install", "--quiet", COMPONENTIZE_PY]));
+        let found = Command::new("componentize-py").arg("--version").output();
+        if !found.is_ok_and(|o| o.status.success()) {
+            eprintln!(
+                "xtask: installed {COMPONENTIZE_PY} with pip, but `componentize-py` is not on \
+                 PATH (pip's script directory is missing from it)"
+            );
+            exit(1);
+        }
+    }
+    run(Command::new("python3")
+        .current_dir(root().join("plugins/python/sdk"))
+        .args(["-m", "unittest", "discover", "-s", "tests"]));
 }
 
 /// The headless browser the `maporl report` test runs the page in: Debian's `chromium`,

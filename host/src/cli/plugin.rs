@@ -30,14 +30,18 @@ pub enum PluginCommand {
         #[arg(long)]
         world: String,
     },
-    /// Create a plugin crate that builds with one command and passes its own test.
+    /// Create a plugin that builds with one command and passes its own test: a Rust crate
+    /// on the Rust SDK, or with `--lang python` a Python module on the Python SDK.
     New {
         kind: Kind,
-        /// The crate name, e.g. `my-protocol`.
+        /// The plugin's name, e.g. `my-protocol`.
         name: String,
         /// The directory to create it in (default: ./NAME).
         #[arg(long)]
         path: Option<PathBuf>,
+        /// The language to write it in.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
     },
     /// Run one call of a plugin, for plugin authors who are debugging. `--example FUNC`
     /// prints a valid --input for FUNC instead (a two-agent debate on one arithmetic task).
@@ -66,6 +70,12 @@ pub enum Kind {
     RewardShaper,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    Rust,
+    Python,
+}
+
 pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
     match cmd {
         PluginCommand::Inspect { file, json } => {
@@ -84,10 +94,18 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
                         .as_deref()
                         .unwrap_or("(none: not a maporl plugin)")
                 );
-                println!(
-                    "wit version: {}",
-                    ins.wit_version.as_deref().unwrap_or("(unknown)")
-                );
+                match ins.wit_version.as_deref() {
+                    Some(v) => println!(
+                        "wit version: {v} ({} on this host, which links {})",
+                        if maporl::plugin::links_wit_version(v) {
+                            "runs"
+                        } else {
+                            "does not run"
+                        },
+                        maporl::plugin::wit_versions()
+                    ),
+                    None => println!("wit version: (unknown)"),
+                }
                 println!("imports:");
                 for i in &ins.imports {
                     println!("  {i}");
@@ -114,10 +132,23 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PluginCommand::New { kind, name, path } => {
+        PluginCommand::New {
+            kind,
+            name,
+            path,
+            lang,
+        } => {
             let dir = path.unwrap_or_else(|| PathBuf::from(&name));
-            scaffold(kind, &name, &dir)?;
-            print!("{}", next_steps(kind, &name, &dir));
+            match lang {
+                Lang::Rust => {
+                    scaffold(kind, &name, &dir)?;
+                    print!("{}", next_steps(kind, &name, &dir));
+                }
+                Lang::Python => {
+                    scaffold_python(kind, &name, &dir)?;
+                    print!("{}", next_steps_python(kind, &name, &dir));
+                }
+            }
             Ok(())
         }
         PluginCommand::Call {
@@ -160,6 +191,29 @@ fn next_steps(kind: Kind, name: &str, dir: &Path) -> String {
          \x20 maporl train --config configs/quickstart.toml --set plugins.{section}.path={wasm}\n\
          (settings: --set 'plugins.{section}.settings={{...}}'; the guide: \
          docs/guides/write-a-protocol.md; limits: docs/security.md)\n"
+    )
+}
+
+/// What to do after `plugin new --lang python`: the same loop, built with the Python SDK.
+fn next_steps_python(kind: Kind, name: &str, dir: &Path) -> String {
+    let (world, section, func) = match kind {
+        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
+        Kind::Verifier => ("verifier", "verifier", "score"),
+        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
+    };
+    let d = dir.display();
+    let wasm = format!("{d}/{}.wasm", name.replace('-', "_"));
+    format!(
+        "created {d}, a {world} plugin in Python. Next:\n\
+         \x20 cd {d} && python3 -m unittest                        # its own tests, natively\n\
+         \x20 python3 -m pip install componentize-py==0.25.1        # once: the build tool\n\
+         \x20 python3 -m maporl_plugin build app.py --world {world} -o {wasm}   # (in {d})\n\
+         \x20 maporl plugin check {wasm} --world {world}\n\
+         \x20 maporl plugin call --example {func} > input.json    # a valid input to edit\n\
+         \x20 maporl plugin call {wasm} {func} --input @input.json\n\
+         \x20 maporl train --config configs/quickstart.toml --set plugins.{section}.path={wasm}\n\
+         (settings: --set 'plugins.{section}.settings={{...}}'; the guide: \
+         docs/guides/python-plugins.md; limits: docs/security.md)\n"
     )
 }
 
@@ -282,8 +336,9 @@ fn sdk_files() -> Vec<(&'static str, String)> {
     files
 }
 
-/// Writes a new plugin crate for `kind` named `name` into `dir`, with the host's WIT.
-pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
+/// Checks a new plugin's name (a-z, 0-9, - and _, starting with a letter) and that `dir` is
+/// new or empty; the name as an identifier (`-` as `_`).
+fn check_new(name: &str, dir: &Path) -> anyhow::Result<String> {
     let valid = !name.is_empty()
         && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
         && name
@@ -303,7 +358,12 @@ pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let lib_name = name.replace('-', "_");
+    Ok(name.replace('-', "_"))
+}
+
+/// Writes a new plugin crate for `kind` named `name` into `dir`, with the host's WIT.
+pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
+    let lib_name = check_new(name, dir)?;
     for (file, text) in templates(kind) {
         let target = dir.join(file);
         std::fs::create_dir_all(target.parent().expect("files are inside dir"))
@@ -315,6 +375,96 @@ pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     }
     for (file, text) in sdk_files() {
         let target = dir.join("vendor/maporl-plugin").join(file);
+        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// The Python SDK (plugins/python/sdk/maporl_plugin), file by file, as `plugin new --lang
+/// python` vendors it; its contract is this host's `wit/maporl.wit`.
+fn python_sdk_files() -> Vec<(&'static str, String)> {
+    macro_rules! sdk {
+        ($($file:literal),* $(,)?) => {
+            vec![$((
+                concat!("maporl_plugin/", $file),
+                include_str!(concat!("../../../plugins/python/sdk/maporl_plugin/", $file))
+                    .to_string(),
+            )),*]
+        };
+    }
+    let mut files = sdk!(
+        "__init__.py",
+        "__main__.py",
+        "answers.py",
+        "build.py",
+        "host.py",
+        "prompts.py",
+        "reward.py",
+        "text.py",
+        "transcript.py",
+        "types.py",
+        "worlds.py",
+    );
+    files.push(("maporl_plugin/wit/maporl.wit", plugin::WIT.to_string()));
+    files
+}
+
+/// The files of a new Python plugin, per kind: (path, template text).
+fn python_templates(kind: Kind) -> [(&'static str, &'static str); 4] {
+    macro_rules! kind_templates {
+        ($dir:literal) => {
+            [
+                (
+                    "app.py",
+                    include_str!(concat!(
+                        "../../../plugins/templates/python/",
+                        $dir,
+                        "/app.py.tmpl"
+                    )),
+                ),
+                (
+                    "test_app.py",
+                    include_str!(concat!(
+                        "../../../plugins/templates/python/",
+                        $dir,
+                        "/test_app.py.tmpl"
+                    )),
+                ),
+                (
+                    ".gitignore",
+                    include_str!(concat!(
+                        "../../../plugins/templates/python/",
+                        $dir,
+                        "/.gitignore"
+                    )),
+                ),
+                (
+                    "README.md",
+                    include_str!("../../../plugins/templates/python/README.md.tmpl"),
+                ),
+            ]
+        };
+    }
+    match kind {
+        Kind::Protocol => kind_templates!("protocol"),
+        Kind::Verifier => kind_templates!("verifier"),
+        Kind::RewardShaper => kind_templates!("reward-shaper"),
+    }
+}
+
+/// Writes a new Python plugin for `kind` named `name` into `dir`, with the Python SDK.
+pub fn scaffold_python(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
+    let lib_name = check_new(name, dir)?;
+    let templates = python_templates(kind).into_iter().map(|(file, text)| {
+        let text = text
+            .replace("{{name}}", name)
+            .replace("{{lib_name}}", &lib_name);
+        (file, text)
+    });
+    for (file, text) in templates.chain(python_sdk_files()) {
+        let target = dir.join(file);
         std::fs::create_dir_all(target.parent().expect("files are inside dir"))
             .with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;

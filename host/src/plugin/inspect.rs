@@ -158,7 +158,7 @@ pub(crate) fn parse_name(name: &str) -> Option<(&str, Option<Version>)> {
     }
 }
 
-fn parse_version(v: &str) -> Option<Version> {
+pub(crate) fn parse_version(v: &str) -> Option<Version> {
     let core = v.split(['-', '+']).next()?;
     let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
     let version = (parts.next()??, parts.next()??, parts.next()??);

@@ -183,6 +183,12 @@ pub fn wit_version() -> String {
     format!("{major}.{minor}.{patch}")
 }
 
+/// Whether this host runs a plugin built against contract `version` ("0.1.0"): a version it
+/// links, or a later patch of one.
+pub fn links_wit_version(version: &str) -> bool {
+    inspect::parse_version(version).is_some_and(|v| wit::linked_for(v).is_some())
+}
+
 /// Every version the host links, as text: "0.1.0, 0.2.0".
 pub fn wit_versions() -> String {
     WIT_VERSIONS
