@@ -262,6 +262,7 @@ fn a_current_plugin_reads_its_limits_from_the_host() {
         max_abs_reward: 2.5,
         max_reward_parts: 7,
         max_part_name_bytes: 9,
+        max_component_mib: 64,
     };
     let mut v = Verifier::load(
         &rt,

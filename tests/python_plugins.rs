@@ -299,3 +299,65 @@ fn the_python_sdk_ships_this_hosts_contract() {
         "copy wit/maporl.wit to plugins/python/sdk/maporl_plugin/wit/"
     );
 }
+
+/// A Python component (about 18 MB) is over a cap set below its size, refused before it is
+/// read with the setting to raise; at a cap above, it loads. `plugin check` says how much
+/// memory it starts with.
+#[test]
+fn the_component_cap_is_a_setting_and_check_says_what_a_plugin_needs() {
+    let rt = cached_runtime();
+    let path = python("gsm8k");
+    let size = std::fs::metadata(&path).unwrap().len();
+    let mib = size.div_ceil(1 << 20);
+    let low = Limits {
+        max_component_mib: mib - 1,
+        ..Limits::default()
+    };
+    let err = Verifier::load(&rt, &path, &json!({}), &low)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("limits.max_component_mib raised, at most 1024"),
+        "{err}"
+    );
+    let enough = Limits {
+        max_component_mib: mib,
+        ..Limits::default()
+    };
+    Verifier::load(&rt, &path, &json!({}), &enough).expect("loads at its size");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args([
+            "plugin",
+            "check",
+            path.to_str().unwrap(),
+            "--world",
+            "verifier",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let memory: f64 = text
+        .split("initial memory: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    // CPython's heap is snapshotted into the component: megabytes, under the default cap.
+    assert!((4.0..64.0).contains(&memory), "{text}");
+    // A Rust reference plugin starts far smaller.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+        .args(["plugin", "check", "builtin:gsm8k", "--world", "verifier"])
+        .output()
+        .unwrap();
+    let small = String::from_utf8_lossy(&out.stdout);
+    let rust: f64 = small
+        .split("initial memory: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{small}"));
+    assert!(rust < memory, "{small}");
+}

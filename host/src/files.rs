@@ -5,7 +5,7 @@
 //!
 //! | what | limit |
 //! |---|---|
-//! | plugin components (`.wasm`, in bundles too) | [`COMPONENT_MAX`] = 64 MiB |
+//! | plugin components (`.wasm`, in bundles too) | [`COMPONENT_MAX`] = 64 MiB; a run's plugin up to its `limits.max_component_mib` (at most [`COMPONENT_CAP_MAX`] = 1 GiB) |
 //! | compiled-component cache entries (`.cwasm`) | [`COMPILED_MAX`] = 512 MiB |
 //! | run configs, bundle manifests and signatures, lock and key files | [`TEXT_MAX`] = 4 MiB |
 //! | datasets and verifier data (JSONL, CSV) | [`DATASET_MAX`] = 2 GiB |
@@ -18,8 +18,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-/// Largest plugin component read.
+/// Largest plugin component read by default (a run's plugins: `limits.max_component_mib`).
 pub const COMPONENT_MAX: u64 = 64 << 20;
+/// The most `limits.max_component_mib` may raise a run's plugin component to; also what
+/// `maporl plugin check` and `inspect` read.
+pub const COMPONENT_CAP_MAX: u64 = 1 << 30;
 /// Largest compiled component read back from the cache.
 pub const COMPILED_MAX: u64 = 512 << 20;
 /// Largest config, manifest, signature, lock or key file read.

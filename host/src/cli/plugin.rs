@@ -130,6 +130,7 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
                 ins.wit_version.as_deref().unwrap_or("?"),
                 ins.sha256
             );
+            print!("{}", needs(&ins));
             Ok(())
         }
         PluginCommand::New {
@@ -168,6 +169,39 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
             bail!("`maporl plugin call` takes FILE FUNC --input JSON, or --example FUNC")
         }
     }
+}
+
+/// What a checked component needs of a run's `limits` beyond the defaults: its size
+/// against `max_component_mib`, its memory at start against `memory_mib`.
+fn needs(ins: &plugin::Inspection) -> String {
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    let defaults = Limits::default();
+    let mut out = String::new();
+    if let Some(memory) = ins.initial_memory {
+        out.push_str(&format!(
+            "initial memory: {:.1} MiB of linear memory and tables before its first call\n",
+            memory as f64 / f64::from(1 << 20)
+        ));
+        if mib(memory) >= defaults.memory_mib {
+            out.push_str(&format!(
+                "needs: limits.memory_mib above {} (default {}), e.g. \
+                 [plugins.WORLD.limits] memory_mib = {}\n",
+                mib(memory),
+                defaults.memory_mib,
+                mib(memory) * 2
+            ));
+        }
+    }
+    if mib(ins.size) > defaults.max_component_mib {
+        out.push_str(&format!(
+            "needs: limits.max_component_mib = {} at least (default {}): the component is \
+             {:.1} MiB\n",
+            mib(ins.size),
+            defaults.max_component_mib,
+            ins.size as f64 / f64::from(1 << 20)
+        ));
+    }
+    out
 }
 
 /// What to do after `plugin new`: the whole loop from building the component to a run that

@@ -54,7 +54,8 @@ pub fn path_of(b: &Builtin) -> std::path::PathBuf {
 }
 
 /// The bytes of the component at `path`: a built-in's from the binary, else the file's.
-pub(crate) fn read_component(path: &Path) -> Result<Cow<'static, [u8]>, String> {
+/// A file larger than `cap` bytes is refused before it is read.
+pub(crate) fn read_component(path: &Path, cap: u64) -> Result<Cow<'static, [u8]>, String> {
     let text = path.to_string_lossy();
     if let Some(name) = text.strip_prefix(PREFIX) {
         return match find(name) {
@@ -76,9 +77,16 @@ pub(crate) fn read_component(path: &Path) -> Result<Cow<'static, [u8]>, String> 
             }
         };
     }
-    crate::files::read_regular(path, crate::files::COMPONENT_MAX, "plugin component")
+    crate::files::read_regular(path, cap, "plugin component")
         .map(Cow::Owned)
-        .map_err(|e| format!("{e:#}"))
+        .map_err(|e| {
+            let raise = if cap < crate::files::COMPONENT_CAP_MAX {
+                " (a larger plugin needs its limits.max_component_mib raised, at most 1024)"
+            } else {
+                ""
+            };
+            format!("{e:#}{raise}")
+        })
 }
 
 /// The built-ins' names, for messages: `debate (protocol), ...`.
@@ -107,13 +115,13 @@ mod tests {
                 b.file.trim_end_matches(".wasm").to_string(),
             ] {
                 assert_eq!(find(&alias).map(|x| x.file), Some(b.file), "{alias}");
-                let bytes = read_component(Path::new(&format!("{PREFIX}{alias}"))).unwrap();
+                let bytes = read_component(Path::new(&format!("{PREFIX}{alias}")), 0).unwrap();
                 assert_eq!(bytes.as_ref(), b.bytes);
             }
         }
         let f = find("final-only").unwrap();
         assert_eq!((f.file, f.world), ("final_only.wasm", World::RewardShaper));
-        let err = read_component(Path::new("builtin:nope")).unwrap_err();
+        let err = read_component(Path::new("builtin:nope"), 0).unwrap_err();
         assert!(
             err.contains("`nope`") && err.contains("final-only (reward-shaper)"),
             "{err}"

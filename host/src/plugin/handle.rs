@@ -64,7 +64,7 @@ impl<B: WorldBindings> Handle<B> {
         limits
             .check()
             .map_err(|e| load_error(&path.display().to_string(), B::WORLD, e))?;
-        let loaded = runtime.load(path, B::WORLD)?;
+        let loaded = runtime.load(path, B::WORLD, limits.component_bytes())?;
         let fail = |msg: String| load_error(&loaded.name, B::WORLD, msg);
         let pre = runtime
             .linker

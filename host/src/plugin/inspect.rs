@@ -25,6 +25,10 @@ pub struct Inspection {
     pub imports: Vec<String>,
     /// Exported interfaces with their functions' signatures.
     pub exports: Vec<ExportedInterface>,
+    /// Bytes of linear memory and tables a fresh instance holds before its first call
+    /// (`plugin check` instantiates it to see; `inspect` does not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_memory: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -35,7 +39,7 @@ pub struct ExportedInterface {
 
 /// Compiles and describes a component without instantiating it.
 pub fn inspect(runtime: &super::Runtime, path: &Path) -> Result<Inspection, String> {
-    let bytes = super::builtin::read_component(path)?;
+    let bytes = super::builtin::read_component(path, crate::files::COMPONENT_CAP_MAX)?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     let component = runtime.compile(&bytes, &sha256)?;
     Ok(describe(
@@ -93,6 +97,7 @@ pub(crate) fn describe(
         wit_version: version.map(|(a, b, c)| format!("{a}.{b}.{c}")),
         imports,
         exports,
+        initial_memory: None,
     }
 }
 

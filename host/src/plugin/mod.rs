@@ -126,8 +126,12 @@ pub fn fixed_limits() -> Vec<(&'static str, String, &'static str)> {
     vec![
         (
             "component size",
-            mib(crate::files::COMPONENT_MAX),
-            "the largest component file read",
+            format!(
+                "{} by default, at most {}",
+                mib(crate::files::COMPONENT_MAX),
+                mib(crate::files::COMPONENT_CAP_MAX)
+            ),
+            "the largest component file read: a run's plugin's is its limits.max_component_mib",
         ),
         (
             "compiled-component cache entry",

@@ -125,7 +125,7 @@ impl Runtime {
     /// Loads `path`, checks that it implements `world` at a compatible WIT version and that
     /// its imports and exports type-check, without running it.
     pub fn check(&self, path: &Path, world: World) -> Result<Inspection, PluginError> {
-        let loaded = self.load(path, world)?;
+        let loaded = self.load(path, world, crate::files::COMPONENT_CAP_MAX)?;
         let pre = self
             .linker
             .instantiate_pre(&loaded.component)
@@ -137,20 +137,44 @@ impl Runtime {
             World::RewardShaper => super::shaper::Exports::pre(pre).map(|_| ()),
         };
         typed.map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
-        Ok(inspect::describe(
-            &self.engine,
-            path,
-            loaded.size,
-            loaded.sha256,
-            &loaded.component,
-        ))
+        let initial_memory = self
+            .initial_memory(&loaded, world)
+            .map_err(|e| load_error(&loaded.name, world, format!("{e:#}")))?;
+        Ok(Inspection {
+            initial_memory: Some(initial_memory),
+            ..inspect::describe(
+                &self.engine,
+                path,
+                loaded.size,
+                loaded.sha256,
+                &loaded.component,
+            )
+        })
+    }
+
+    /// Bytes of memory and tables a fresh instance of `loaded` holds, instantiated (no call
+    /// made) in a sandbox whose memory cap is 4 GiB, so that the figure is the component's
+    /// own and not a cap's.
+    fn initial_memory(&self, loaded: &Loaded, world: World) -> wasmtime::Result<u64> {
+        let limits = super::Limits {
+            memory_mib: 4 << 10,
+            ..super::Limits::default()
+        };
+        let sandbox = Sandbox::new(&loaded.name, world, &limits, 0, stderr_sink(), None);
+        let mut store = wasmtime::Store::new(&self.engine, sandbox);
+        store.limiter(|s| s as &mut dyn wasmtime::ResourceLimiter);
+        store.set_fuel(limits.fuel)?;
+        store.set_epoch_deadline(u64::MAX / 2);
+        self.linker.instantiate(&mut store, &loaded.component)?;
+        Ok(store.data().footprint() as u64)
     }
 
     /// Reads, compiles (or takes from the cache) and checks a component against `world`.
-    pub(crate) fn load(&self, path: &Path, world: World) -> Result<Loaded, PluginError> {
+    /// A component file over `cap` bytes is refused before it is read.
+    pub(crate) fn load(&self, path: &Path, world: World, cap: u64) -> Result<Loaded, PluginError> {
         let name = path.display().to_string();
         let bytes =
-            super::builtin::read_component(path).map_err(|e| load_error(&name, world, e))?;
+            super::builtin::read_component(path, cap).map_err(|e| load_error(&name, world, e))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let component = self
             .compile(&bytes, &sha256)

@@ -45,6 +45,10 @@ pub struct Limits {
     pub max_reward_parts: u64,
     /// Reward shapers: the longest name of one part, in bytes.
     pub max_part_name_bytes: u64,
+    /// The largest component file the plugin may be, in MiB (at most 1024). A Python
+    /// plugin that bundles large packages needs more than the default; raise `memory_mib`
+    /// with it (`maporl plugin check` says how much memory the component starts with).
+    pub max_component_mib: u64,
 }
 
 impl Default for Limits {
@@ -66,6 +70,7 @@ impl Default for Limits {
             // The influence shaper gives 6 parts with names under 20 bytes.
             max_reward_parts: 32,
             max_part_name_bytes: 64,
+            max_component_mib: crate::files::COMPONENT_MAX >> 20,
         }
     }
 }
@@ -82,12 +87,20 @@ impl Limits {
             ("max_result_kib", self.max_result_kib),
             ("max_answer_bytes", self.max_answer_bytes),
             ("max_part_name_bytes", self.max_part_name_bytes),
+            ("max_component_mib", self.max_component_mib),
         ] {
             if v == 0 {
                 return Err(format!(
                     "limits.{key} = 0: no call could run; expected at least 1"
                 ));
             }
+        }
+        let most = crate::files::COMPONENT_CAP_MAX >> 20;
+        if self.max_component_mib > most {
+            return Err(format!(
+                "limits.max_component_mib = {}: at most {most} (1 GiB)",
+                self.max_component_mib
+            ));
         }
         if self.max_prompt_bytes == 0 {
             return Err(
@@ -107,6 +120,11 @@ impl Limits {
     /// The host-call data budget of one call, in bytes.
     pub(crate) fn result_bytes(&self) -> usize {
         usize::try_from(self.max_result_kib.saturating_mul(1 << 10)).unwrap_or(usize::MAX)
+    }
+
+    /// The largest component file the plugin may be, in bytes.
+    pub(crate) fn component_bytes(&self) -> u64 {
+        self.max_component_mib.saturating_mul(1 << 20)
     }
 
     pub(crate) fn memory_bytes(&self) -> usize {
@@ -324,6 +342,11 @@ impl Sandbox {
             world: self.world,
             task: self.task.as_deref(),
         }
+    }
+
+    /// Bytes of every linear memory and table the store holds now.
+    pub(crate) fn footprint(&self) -> usize {
+        self.footprint
     }
 
     /// Responses the call in progress has had judged.
@@ -778,6 +801,77 @@ mod footprint_tests {
 mod tests {
     use super::*;
     use host::Host as _;
+
+    /// Every limit under which nothing could run, and a component cap past its stated
+    /// maximum, is refused naming its key; the defaults and the bounds themselves pass.
+    #[test]
+    fn limits_that_leave_nothing_runnable_are_refused_by_key() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        let refused = |l: Limits, says: &str| {
+            let err = l.check().unwrap_err();
+            assert!(err.contains(says), "{err}");
+        };
+        let d = Limits::default;
+        refused(Limits { fuel: 0, ..d() }, "limits.fuel = 0");
+        refused(
+            Limits {
+                deadline_ms: 0,
+                ..d()
+            },
+            "limits.deadline_ms = 0",
+        );
+        refused(
+            Limits {
+                memory_mib: 0,
+                ..d()
+            },
+            "limits.memory_mib = 0",
+        );
+        refused(
+            Limits {
+                max_prompt_bytes: 0,
+                ..d()
+            },
+            "limits.max_prompt_bytes = 0",
+        );
+        refused(
+            Limits {
+                max_abs_reward: f64::NAN,
+                ..d()
+            },
+            "limits.max_abs_reward = NaN",
+        );
+        refused(
+            Limits {
+                max_abs_reward: -1.0,
+                ..d()
+            },
+            "limits.max_abs_reward = -1",
+        );
+        refused(
+            Limits {
+                max_component_mib: 0,
+                ..d()
+            },
+            "limits.max_component_mib = 0",
+        );
+        refused(
+            Limits {
+                max_component_mib: 1025,
+                ..d()
+            },
+            "limits.max_component_mib = 1025: at most 1024",
+        );
+        assert_eq!(
+            Limits {
+                max_component_mib: 1024,
+                ..d()
+            }
+            .check(),
+            Ok(())
+        );
+        assert_eq!(d().component_bytes(), 64 << 20);
+    }
 
     /// Answers 0.5 per response and counts its calls.
     struct Half(std::sync::atomic::AtomicUsize);
