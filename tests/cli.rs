@@ -618,7 +618,7 @@ fn python_scaffolds_pass_their_tests_and_a_shaper_builds_and_trains() {
         );
         assert_eq!(
             std::fs::read_to_string(dir.join("maporl_plugin/worlds.py")).unwrap(),
-            std::fs::read_to_string(repo().join("plugins/python/sdk/maporl_plugin/worlds.py"))
+            std::fs::read_to_string(repo().join("plugins/sdk-python/maporl_plugin/worlds.py"))
                 .unwrap(),
         );
         let tests = Command::new("python3")

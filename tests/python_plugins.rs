@@ -293,10 +293,10 @@ fn python_exceptions_become_the_worlds_error_with_their_message() {
 #[test]
 fn the_python_sdk_ships_this_hosts_contract() {
     assert_eq!(
-        std::fs::read_to_string(repo().join("plugins/python/sdk/maporl_plugin/wit/maporl.wit"))
+        std::fs::read_to_string(repo().join("plugins/sdk-python/maporl_plugin/wit/maporl.wit"))
             .unwrap(),
         maporl::plugin::WIT,
-        "copy wit/maporl.wit to plugins/python/sdk/maporl_plugin/wit/"
+        "copy wit/maporl.wit to plugins/sdk-python/maporl_plugin/wit/"
     );
 }
 
@@ -360,4 +360,51 @@ fn the_component_cap_is_a_setting_and_check_says_what_a_plugin_needs() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{small}"));
     assert!(rust < memory, "{small}");
+}
+
+/// In a real component: `print` reaches the plugin log line by line, an unexpected exception
+/// is the call's error with its type, message and line, and a module not imported at build
+/// time fails the call saying which (the instance is replaced; the next call works).
+#[test]
+fn in_a_component_print_is_logged_and_exceptions_are_errors() {
+    let (rt, logged, _cache) = runtime();
+    let path = python("hostile");
+    let mut v = Verifier::load(&rt, &path, &json!({}), &Limits::default()).unwrap();
+    let verdicts = v
+        .score(
+            &task("t-print", "qa", "print", "a"),
+            &["a".into(), "b".into()],
+        )
+        .unwrap();
+    assert!(verdicts[0].correct && !verdicts[1].correct);
+    let lines: Vec<String> = logged
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, line)| line.clone())
+        .collect();
+    assert!(
+        lines.contains(&"hello from Python".to_string())
+            && lines.contains(&"a second line 2".to_string()),
+        "{lines:?}"
+    );
+    let err = v
+        .score(&task("t-div", "qa", "divide", "a"), &["a".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("hostile-py: ZeroDivisionError: division by zero (at app.py:")
+            && err.contains("in score)")
+            && err.contains("t-div"),
+        "{err}"
+    );
+    let err = v
+        .score(&task("t-imp", "qa", "late-import", "a"), &["a".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("csv"), "{err}");
+    let ok = v
+        .score(&task("t-ok", "qa", "fine", "a"), &["a".into()])
+        .unwrap();
+    assert!(ok[0].correct);
 }

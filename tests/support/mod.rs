@@ -72,8 +72,9 @@ pub fn plugins_since_v0_1_0_dir() -> &'static Path {
     })
 }
 
-/// The Python example plugins (plugins/python: debate, gsm8k, influence), built with the
-/// Python SDK's build command (componentize-py) into plugins/target/python when missing or
+/// The Python example plugins (plugins/python: debate, gsm8k, influence, and the `hostile`
+/// fixture), built with the
+/// Python SDK's build command (plugins/sdk-python) (componentize-py) into plugins/target/python when missing or
 /// older than their sources. Fails loudly without componentize-py (`cargo xtask test`
 /// installs it).
 pub fn python_plugins_dir() -> &'static Path {
@@ -93,16 +94,22 @@ pub fn python_plugins_dir() -> &'static Path {
             ("debate", "protocol"),
             ("gsm8k", "verifier"),
             ("influence", "reward-shaper"),
+            ("hostile", "verifier"),
         ] {
             let wasm = out.join(format!("{name}.wasm"));
-            let source = newest_source(&[root.join("sdk"), root.join(name)]);
+            let source = newest_source(&[repo().join("plugins/sdk-python"), root.join(name)]);
             let built = wasm.metadata().and_then(|m| m.modified()).ok();
             if built.is_some_and(|b| b >= source) {
                 continue;
             }
             let status = std::process::Command::new("python3")
-                .current_dir(root.join("sdk"))
-                .args(["-m", "maporl_plugin", "build", &format!("../{name}/app.py")])
+                .current_dir(repo().join("plugins/sdk-python"))
+                .args([
+                    "-m",
+                    "maporl_plugin",
+                    "build",
+                    root.join(name).join("app.py").to_str().unwrap(),
+                ])
                 .args(["--world", world, "-o", wasm.to_str().unwrap()])
                 .status()
                 .expect("running python3");

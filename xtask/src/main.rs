@@ -354,7 +354,7 @@ fn python_sdk() {
         }
     }
     run(Command::new("python3")
-        .current_dir(root().join("plugins/python/sdk"))
+        .current_dir(root().join("plugins/sdk-python"))
         .args(["-m", "unittest", "discover", "-s", "tests"]));
 }
 

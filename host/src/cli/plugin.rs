@@ -416,14 +416,14 @@ pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The Python SDK (plugins/python/sdk/maporl_plugin), file by file, as `plugin new --lang
+/// The Python SDK (plugins/sdk-python/maporl_plugin), file by file, as `plugin new --lang
 /// python` vendors it; its contract is this host's `wit/maporl.wit`.
 fn python_sdk_files() -> Vec<(&'static str, String)> {
     macro_rules! sdk {
         ($($file:literal),* $(,)?) => {
             vec![$((
                 concat!("maporl_plugin/", $file),
-                include_str!(concat!("../../../plugins/python/sdk/maporl_plugin/", $file))
+                include_str!(concat!("../../../plugins/sdk-python/maporl_plugin/", $file))
                     .to_string(),
             )),*]
         };
@@ -653,14 +653,13 @@ mod tests {
     fn the_vendored_sdk_reads_its_own_copy_of_the_wit() {
         let files = sdk_files();
         let lib = &files.iter().find(|(f, _)| *f == "src/lib.rs").unwrap().1;
-        assert_eq!(lib.matches(r#"path: "wit""#).count(), 3, "one per world");
+        // The current contract and the frozen 0.1.0, each the vendored crate's own copy.
+        assert_eq!(lib.matches(r#""wit","#).count(), 1, "{lib}");
+        assert_eq!(lib.matches(r#""wit/since_v0.1.0","#).count(), 1, "{lib}");
         assert!(!lib.contains("../"), "nothing outside the vendored crate");
-        let wit = &files
-            .iter()
-            .find(|(f, _)| *f == "wit/maporl.wit")
-            .unwrap()
-            .1;
-        assert_eq!(wit, plugin::WIT);
+        let file = |name: &str| &files.iter().find(|(f, _)| *f == name).unwrap().1;
+        assert_eq!(file("wit/maporl.wit"), plugin::WIT);
+        assert_eq!(file("wit/since_v0.1.0/maporl.wit"), plugin::WIT_V0_1_0);
         let manifest = &files.iter().find(|(f, _)| *f == "Cargo.toml").unwrap().1;
         assert!(
             !manifest.contains(".workspace"),

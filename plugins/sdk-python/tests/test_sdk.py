@@ -1,6 +1,6 @@
 """The Python SDK natively (no component): settings, errors, rewards, text helpers.
 
-    cd plugins/python/sdk && python3 -m unittest discover -s tests
+    cd plugins/sdk-python && python3 -m unittest discover -s tests
 """
 
 import unittest
