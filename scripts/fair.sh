@@ -40,7 +40,8 @@
 # optimizer steps; lr 2e-4); maporl-t1 and maporl-current-t1 (turn 1 trained too:
 # adapter_from_turn = 1, with and without the influence term); drift-free-before and
 # drift-free (the untrained and the MAPoRL team on a model warm-started longer, MODEL_D with
-# D_WARM, so that the untrained model drifts less from its teachers).
+# D_WARM, so that the untrained model drifts less from its teachers); drift-free-echo-shown
+# (peers-echo's RL on that model, evaluated with peers shown: MAPoRL's control there).
 # ADD_AGENTS=1 runs again the rows whose kept summary has no per-agent record (`agents`),
 # checks that the new evaluation gives the kept credits exactly, and adds the record.
 # REEVAL=1 evaluates again the rows whose run is still under $OUT (its final checkpoint), with
@@ -274,6 +275,7 @@ for seed in $SEEDS; do
             ;;
         drift-free-before) ;;
         drift-free) settings=(--set "model.path=$MODEL_D") ;;
+        drift-free-echo-shown) settings=("${ECHO[@]}" --set "$CURRENT" --set "model.path=$MODEL_D") ;;
         heterogeneous-before) ;;
         maporl) settings=(--set train.mode=maporl) ;;
         maporl-long | maporl-current-long)
@@ -302,7 +304,7 @@ for seed in $SEEDS; do
                 "cross-domain-reverse-same off-the-shelf-hidden peers-hidden peers-hidden-shown" \
                 "off-the-shelf-echo peers-echo peers-echo-shown" \
                 "single-all vote-6 vote-9 sft-matched maporl-t1 maporl-current-t1" \
-                "drift-free-before drift-free)" >&2
+                "drift-free-before drift-free drift-free-echo-shown)" >&2
             exit 2
             ;;
         esac

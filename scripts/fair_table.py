@@ -141,6 +141,7 @@ ORDER = [
     "cross-domain-same",
     "drift-free-before",
     "drift-free",
+    "drift-free-echo-shown",
 ]
 LABEL = {
     "off-the-shelf": "off-the-shelf (untrained team)",
@@ -177,6 +178,7 @@ LABEL = {
     "cross-domain-same": "cross-domain: MAPoRL on addition, on addition",
     "drift-free-before": "untrained team, non-drifting warm start",
     "drift-free": "MAPoRL, non-drifting warm start",
+    "drift-free-echo-shown": "RL with peers echoed, evaluated with peers shown, non-drifting warm start",
 }
 # Each trained row's untrained team: the same models on the same questions. The cross-domain
 # rows are evaluated on subtraction (cross-domain, cross-domain-reverse-same) or on addition
@@ -192,6 +194,7 @@ BASE = {
     "peers-hidden": "off-the-shelf-hidden",
     "peers-echo": "off-the-shelf-echo",
     "drift-free": "drift-free-before",
+    "drift-free-echo-shown": "drift-free-before",
 }
 # Rows that are an untrained team (besides every *-before row): never a trained row.
 UNTRAINED = {"off-the-shelf", "off-the-shelf-hidden", "off-the-shelf-echo"}
@@ -736,6 +739,14 @@ def tables(root, resamples):
             "same way (turn 1 is no longer the same text in the two rows):",
             "MAPoRL, turn 1 trained, minus",
             [(LABEL.get(r, r), "maporl-t1", r) for r in rows if r.endswith("-t1") and r != "maporl-t1"],
+        )
+
+    if "drift-free" in runs and "drift-free-echo-shown" in runs:
+        paired_table(
+            "MAPoRL on the longer warm start minus its control there (the same RL with peers\n"
+            "echoed, evaluated with peers shown), paired the same way:",
+            "MAPoRL, non-drifting warm start, minus",
+            [(LABEL.get(r, r), "drift-free", r) for r in rows if r.startswith("drift-free-echo")],
         )
 
     votes = [r for r in rows if is_vote(r) and "maporl" in runs and comparable("maporl", r)]
