@@ -153,18 +153,25 @@ impl Runtime {
     }
 
     /// Bytes of memory and tables a fresh instance of `loaded` holds, instantiated (no call
-    /// made) in a sandbox whose memory cap is 4 GiB, so that the figure is the component's
-    /// own and not a cap's.
+    /// made) under the default limits but a memory cap of 1 GiB, so that the figure is the
+    /// component's own and not the default cap's, while a component that grabs more at
+    /// start (or runs a start function past the fuel or the deadline) fails the check.
     fn initial_memory(&self, loaded: &Loaded, world: World) -> wasmtime::Result<u64> {
         let limits = super::Limits {
-            memory_mib: 4 << 10,
+            memory_mib: 1 << 10,
             ..super::Limits::default()
         };
         let sandbox = Sandbox::new(&loaded.name, world, &limits, 0, stderr_sink(), None);
         let mut store = wasmtime::Store::new(&self.engine, sandbox);
         store.limiter(|s| s as &mut dyn wasmtime::ResourceLimiter);
         store.set_fuel(limits.fuel)?;
-        store.set_epoch_deadline(u64::MAX / 2);
+        store.set_epoch_deadline(
+            limits
+                .deadline_ms
+                .div_ceil(EPOCH_TICK.as_millis() as u64)
+                .max(1),
+        );
+        store.epoch_deadline_trap();
         self.linker.instantiate(&mut store, &loaded.component)?;
         Ok(store.data().footprint() as u64)
     }

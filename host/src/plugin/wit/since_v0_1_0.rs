@@ -11,7 +11,7 @@ wasmtime::component::bindgen!({
     path: "../wit/since_v0.1.0",
 });
 
-pub(crate) use maporl::plugin::host;
+pub(crate) use self::maporl::plugin::host;
 
 use super::latest::host as latest;
 use crate::plugin::sandbox::Sandbox;

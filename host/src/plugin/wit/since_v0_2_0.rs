@@ -11,5 +11,5 @@ wasmtime::component::bindgen!({
     path: "../wit",
 });
 
-pub(crate) use maporl::plugin::host;
-pub(crate) use maporl::plugin::types;
+pub(crate) use self::maporl::plugin::host;
+pub(crate) use self::maporl::plugin::types;
