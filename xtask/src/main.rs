@@ -15,8 +15,7 @@
 //!   install Debian's `openmpi-bin`, `libopenmpi-dev` and `libclang-dev` first (apt-get, as
 //!   root), failing with what to install otherwise.
 //! - `cargo xtask lint`: rustfmt and clippy on both workspaces, warnings as errors.
-//! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins (and
-//!   three reference plugins against the frozen contract 0.1.0, for tests/contract.rs).
+//! - `cargo xtask plugins`: installs the wasm32-wasip2 target and builds the plugins.
 //! - `cargo xtask docs [--check] [--run]`: writes the generated reference (docs/reference/,
 //!   `maporl reference`); `--check` fails instead when a page there differs from what the
 //!   binary prints (`cargo xtask test` runs it); `--run` runs every command block of the
@@ -54,6 +53,7 @@ fn main() {
         "demo" => demo(rest),
         "test" => {
             plugins();
+            plugins_since_v0_1_0();
             python_sdk();
             smollm2();
             registry();
@@ -464,8 +464,12 @@ fn plugins() {
         "--target-dir",
         "plugins/target",
     ]));
-    // Three reference plugins once more, against the frozen contract 0.1.0: tests/contract.rs
-    // runs them beside the current ones to show that plugins built for 0.1.0 still work.
+}
+
+/// Three reference plugins once more, against the frozen contract 0.1.0: tests/contract.rs
+/// runs them beside the current ones to show that plugins built for 0.1.0 still work (the
+/// tests build them too when missing; `test` builds them first).
+fn plugins_since_v0_1_0() {
     run(cargo().args([
         "build",
         "--release",
@@ -486,7 +490,7 @@ fn plugins() {
     ]));
 }
 
-/// Where `plugins` builds the reference plugins against the frozen contract 0.1.0.
+/// Where the reference plugins built against the frozen contract 0.1.0 go.
 const SINCE_V0_1_0_TARGET: &str = "plugins/target/since-v0.1.0";
 
 /// The reference pages `maporl reference PAGE` prints, by file under docs/reference/.
