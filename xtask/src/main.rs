@@ -468,7 +468,7 @@ fn plugins() {
 
 /// Three reference plugins once more, against the frozen contract 0.1.0: tests/contract.rs
 /// runs them beside the current ones to show that plugins built for 0.1.0 still work (the
-/// tests build them too when missing; `test` builds them first).
+/// tests build them too, a no-op when up to date; `test` builds them first).
 fn plugins_since_v0_1_0() {
     run(cargo().args([
         "build",
