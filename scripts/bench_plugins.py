@@ -16,7 +16,8 @@ time.perf_counter_ns, one call at a time.
 median and p99), the ratios of those, and whether the goal (every call under 5 us through
 wasm and faster than Python) is met; it writes DIR/plugins.json.
 Environment: MAPORL_BENCH_CALLS / MAPORL_BENCH_WARMUP override the counts the Rust run used.
-Standard library only.
+Standard library only, with the repository's Python SDK (plugins/sdk-python, standard library
+only too) for the helpers the reference plugins share.
 """
 
 import json
@@ -25,100 +26,21 @@ import platform
 import sys
 import time
 
+# The Python SDK's helpers, which give the Rust SDK's results (plugins/sdk-python).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "sdk-python"))
+from maporl_plugin.answers import (  # noqa: E402
+    last_boxed,
+    nli_label,
+    nli_reference,
+    parse_integer,
+)
+from maporl_plugin.prompts import INSTRUCTION as _INSTRUCTION  # noqa: E402
+from maporl_plugin.prompts import REVISE_ALONE, REVISE_WITH_PEERS, score_note  # noqa: E402
+from maporl_plugin.transcript import majority  # noqa: E402
+
+INSTRUCTION = {"numeric": _INSTRUCTION["numeric"], "nli": _INSTRUCTION["nli"], "generic": _INSTRUCTION["generic"]}
+
 # --- maporl_plugin::answers ------------------------------------------------------------
-
-ASCII_WS = " \t\n\x0c\r"
-
-
-def box_at(text, pos):
-    """The content of the box whose \\boxed starts at pos, if it is complete."""
-    n = len(text)
-    i = pos + 6
-    while i < n and text[i] in ASCII_WS:
-        i += 1
-    if i >= n or text[i] != "{":
-        return None
-    start = i + 1
-    depth = 1
-    j = start
-    while j < n:
-        c = text[j]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:j]
-        j += 1
-    return None
-
-
-def last_boxed(text):
-    # As the SDK does: the complete box that opens last, searched from the end.
-    end = len(text)
-    while True:
-        pos = text.rfind("\\boxed", 0, end)
-        if pos < 0:
-            return None
-        content = box_at(text, pos)
-        if content is not None:
-            return content
-        end = pos
-
-
-NUMERIC = set("0123456789+-.")
-
-
-def numeric_chars(s):
-    return "".join("-" if c == "\u2212" else c for c in s if c in NUMERIC or c == "\u2212")
-
-
-I64_MIN, I64_MAX = -(2**63), 2**63 - 1
-DIGITS = set("0123456789")
-
-
-def parse_integer(s):
-    """Rust's `str::parse::<i64>` on the numeric characters of `s`."""
-    t = numeric_chars(s)
-    body = t[1:] if t[:1] in ("+", "-") else t
-    if not body or not set(body) <= DIGITS:
-        return None
-    n = int(t)
-    return n if I64_MIN <= n <= I64_MAX else None
-
-
-def strip_latex_commands(s):
-    out = []
-    i, n = 0, len(s)
-    while i < n:
-        c = s[i]
-        i += 1
-        if c == "\\" and i < n and s[i].isascii() and s[i].isalpha():
-            while i < n and s[i].isascii() and s[i].isalpha():
-                i += 1
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-NLI_LABELS = ("entailment", "neutral", "contradiction")
-
-
-def nli_label(text):
-    answer = last_boxed(text)
-    if answer is None:
-        answer = text
-    letters = "".join(c for c in strip_latex_commands(answer) if c.isalpha()).lower()
-    return letters if letters in NLI_LABELS else None
-
-
-def nli_reference(reference):
-    r = reference.strip().lower()
-    for label in NLI_LABELS:
-        if label == r or (len(r) == 1 and label.startswith(r)):
-            return label
-    return None
-
 
 ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
@@ -208,20 +130,6 @@ def mean_score(transcript, turn):
     return sum(scores) / len(scores) if scores else None
 
 
-def majority(votes):
-    counts = {}
-    invalid = 0
-    for v in votes:
-        if v is None:
-            invalid += 1
-        else:
-            counts[v] = counts.get(v, 0) + 1
-    best = max(counts.values(), default=0)
-    if best == 0 or invalid > best:
-        return []
-    return sorted(a for a, n in counts.items() if n == best)
-
-
 def task_kind(task):
     kind = task["kind"].strip().lower()
     if kind in ("gsm8k", "arith"):
@@ -248,14 +156,6 @@ def question_block(task, kind=None):
     return f"Question: {task['question'].strip()}"
 
 
-INSTRUCTION = {
-    "numeric": "Provide a reasoning for your solution. At the end, write the answer as "
-    "`Answer: \\boxed{N}` where N is an integer.",
-    "nli": "Does the premise entail the hypothesis? Choose one of entailment / neutral / "
-    "contradiction, reason briefly, and conclude with `Answer: \\boxed{label}` where "
-    "label is entailment, neutral or contradiction.",
-    "generic": "Answer briefly and end with `Answer: \\boxed{...}`.",
-}
 FORMAT = {
     "numeric": "At the end, write the answer as `Answer: \\boxed{N}` where N is an integer.",
     "nli": "Conclude with `Answer: \\boxed{label}` where label is entailment, neutral or "
@@ -268,22 +168,6 @@ def first_turn_prompt(task, kind=None):
     # The kind is found once per prompt by the builders that make several (as in the SDK).
     kind = kind or task_kind(task)
     return f"{question_block(task, kind)}\n{INSTRUCTION[kind]}"
-
-
-REVISE_WITH_PEERS = (
-    "Consider your previous solution and the other agents' answers. If you believe your "
-    "previous answer was wrong, revise it; otherwise keep it. Avoid merely repeating earlier "
-    "reasoning, and keep the reasoning short."
-)
-REVISE_ALONE = (
-    "Consider your previous solution. If you believe it was wrong, revise it; otherwise keep "
-    "it. Avoid merely repeating earlier reasoning, and keep the reasoning short."
-)
-
-
-def score_note(score):
-    verdict = "correct" if score >= 0.5 else "incorrect"
-    return f"Reward: {score:.3f} out of 1.0, which means the verifier thinks this answer is likely {verdict}."
 
 
 def render_shown(shown):
