@@ -104,7 +104,8 @@ def parse_settings(cls, document: str) -> SimpleNamespace:
 
 def _reason(cls, e: BaseException) -> str:
     """An exception as the world's error: the plugin, the exception and where it was raised
-    (the last frame of the plugin's own code)."""
+    (the innermost frame: the plugin's line, or the SDK's or the standard library's when it
+    was raised there)."""
     if isinstance(e, PluginError):
         return str(e)
     frames = traceback.extract_tb(e.__traceback__)
