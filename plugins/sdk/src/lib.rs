@@ -65,7 +65,8 @@ use std::marker::PhantomData;
 static ALLOCATOR: allocator::SizeClasses<std::alloc::System> =
     allocator::SizeClasses::new(std::alloc::System);
 
-/// The bindings wit-bindgen generates for the three worlds, from `$wit` at `$version`.
+/// The bindings wit-bindgen generates for the three worlds from the contract in `$wit`, whose
+/// `types` and `host` interfaces are named `$types` and `$host` (with their version).
 macro_rules! bindings {
     ($wit:literal, $types:literal, $host:literal) => {
         /// The bindings wit-bindgen generates for the three worlds. Plugins use the traits
