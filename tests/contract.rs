@@ -6,7 +6,6 @@
 mod support;
 
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
-use maporl::transcript::Utterance;
 use sha2::{Digest, Sha256};
 use support::*;
 
@@ -218,16 +217,7 @@ fn reference_plugins_built_against_0_1_0_run_beside_the_current_ones() {
             v_new.score(&task, &responses).unwrap(),
             "turn {turn}"
         );
-        for (p, (text, v)) in plan.iter().zip(responses.iter().zip(&verdicts)) {
-            transcript.utterances.push(Utterance {
-                turn,
-                agent: p.agent,
-                text: text.clone(),
-                answer: v.answer.clone(),
-                score: v.score,
-                correct: v.correct,
-            });
-        }
+        add_turn(&mut transcript, turn, &plan, &responses, &verdicts);
         let decided = p_old.decide(&task, turn, &transcript).unwrap();
         assert_eq!(decided, p_new.decide(&task, turn, &transcript).unwrap());
         // Turn 1 ties 7 and 8 (agent 1 gives no answer); then 7 holds.

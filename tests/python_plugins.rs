@@ -7,7 +7,7 @@
 mod support;
 
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
-use maporl::transcript::{Task, Transcript, Utterance};
+use maporl::transcript::{Task, Transcript};
 use serde_json::json;
 use support::*;
 
@@ -102,16 +102,7 @@ fn same_debates(
                     "{text:?}"
                 );
             }
-            for (p, (text, v)) in plan.iter().zip(texts.iter().zip(&verdicts)) {
-                transcript.utterances.push(Utterance {
-                    turn,
-                    agent: p.agent,
-                    text: text.clone(),
-                    answer: v.answer.clone(),
-                    score: v.score,
-                    correct: v.correct,
-                });
-            }
+            add_turn(&mut transcript, turn, &plan, &texts, &verdicts);
             assert_eq!(
                 p_rs.decide(task, turn, &transcript).unwrap(),
                 p_py.decide(task, turn, &transcript).unwrap(),
@@ -268,7 +259,7 @@ fn python_exceptions_become_the_worlds_error_with_their_message() {
         err.contains("the reference `seven` is not an integer") && err.contains("t9"),
         "{err}"
     );
-    // An exception the plugin did not mean: its type, message and line.
+    // A PluginError the SDK's helper raises: its message as it is.
     let mut p = Protocol::load(&rt, &python("debate"), &json!({}), &limits).unwrap();
     let broken = Transcript::new(2, 3); // turn 2 with no turn-1 utterances
     let err = p
@@ -327,39 +318,26 @@ fn the_component_cap_is_a_setting_and_check_says_what_a_plugin_needs() {
     };
     Verifier::load(&rt, &path, &json!({}), &enough).expect("loads at its size");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
-        .args([
-            "plugin",
-            "check",
-            path.to_str().unwrap(),
-            "--world",
-            "verifier",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    let memory: f64 = text
-        .split("initial memory: ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{text}"));
+    // `plugin check`'s "initial memory: N MiB" for a component.
+    let initial_memory = |file: &str| -> f64 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
+            .args(["plugin", "check", file, "--world", "verifier"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        text.split("initial memory: ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"))
+    };
+    let memory = initial_memory(path.to_str().unwrap());
     // CPython's heap is snapshotted into the component: megabytes, under the default cap.
-    assert!((4.0..64.0).contains(&memory), "{text}");
+    assert!((4.0..64.0).contains(&memory), "{memory} MiB");
     // A Rust reference plugin starts far smaller.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
-        .args(["plugin", "check", "builtin:gsm8k", "--world", "verifier"])
-        .output()
-        .unwrap();
-    let small = String::from_utf8_lossy(&out.stdout);
-    let rust: f64 = small
-        .split("initial memory: ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{small}"));
-    assert!(rust < memory, "{small}");
+    let rust = initial_memory("builtin:gsm8k");
+    assert!(rust < memory, "{rust} MiB against {memory} MiB");
 }
 
 /// In a real component: `print` reaches the plugin log line by line, an unexpected exception

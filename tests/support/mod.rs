@@ -227,6 +227,27 @@ pub fn utterance(
     }
 }
 
+/// Adds one turn's utterances to `transcript`: plan `plan`'s agents said `texts`, which the
+/// verifier read as `verdicts` (all three in plan order).
+pub fn add_turn(
+    transcript: &mut Transcript,
+    turn: u32,
+    plan: &[maporl::transcript::Prompt],
+    texts: &[String],
+    verdicts: &[maporl::transcript::Verdict],
+) {
+    for (p, (text, v)) in plan.iter().zip(texts.iter().zip(verdicts)) {
+        transcript.utterances.push(Utterance {
+            turn,
+            agent: p.agent,
+            text: text.clone(),
+            answer: v.answer.clone(),
+            score: v.score,
+            correct: v.correct,
+        });
+    }
+}
+
 pub fn transcript(agents: u32, turns: u32, utterances: Vec<Utterance>) -> Transcript {
     Transcript {
         agents,
