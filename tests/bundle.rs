@@ -400,6 +400,46 @@ fn a_manifest_edited_after_signing_is_refused() {
     assert!(env.ok(&["bundle", "inspect", s(&dir)]).contains("INVALID"));
 }
 
+/// A component that declares its source has it recorded beside its sha256 by `pack`; a
+/// manifest that names another source for it is refused, signed or not.
+#[test]
+fn pack_records_a_declared_source_and_verify_holds_the_manifest_to_it() {
+    let env = Env::new();
+    let (rt, _, _c) = runtime();
+    let dir = env.source("arith", "0.1.0", &["gsm8k"]);
+    let source = "5".repeat(64);
+    let bytes = std::fs::read(dir.join("gsm8k.wasm")).unwrap();
+    std::fs::write(
+        dir.join("gsm8k.wasm"),
+        with_custom_section(&bytes, "maporl:source", source.as_bytes()),
+    )
+    .unwrap();
+    let packed = bundle::pack(&rt, &dir, &NewBundle::default()).unwrap();
+    assert_eq!(
+        packed.components[0].source_sha256.as_deref(),
+        Some(source.as_str())
+    );
+    let text = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
+    assert!(
+        text.contains(&format!("source_sha256 = \"{source}\"")),
+        "{text}"
+    );
+    let policy = bundle::TrustPolicy {
+        trusted_keys: env.trusted(),
+        allow_unsigned: true,
+    };
+    bundle::verify(&rt, &dir, &policy).unwrap();
+    edit_manifest(&dir, |m| {
+        m.components[0].source_sha256 = Some("6".repeat(64))
+    });
+    let err = format!("{:#}", bundle::verify(&rt, &dir, &policy).unwrap_err());
+    assert!(
+        err.contains("bundle.toml says it was built from source sha256 666")
+            && err.contains(&format!("the component declares {source}")),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_component_of_the_wrong_world_is_refused() {
     let env = Env::new();
@@ -589,9 +629,9 @@ fn lock_of(config: &Config) -> PluginLock {
     let verifier = Verifier::load(&rt, &v.path, &v.settings, &Limits::default()).unwrap();
     let shaper = RewardShaper::load(&rt, &s.path, &s.settings, &Limits::default()).unwrap();
     PluginLock {
-        protocol: bundle::LockedPlugin::new(&p, &protocol.identity().sha256).unwrap(),
-        verifier: bundle::LockedPlugin::new(&v, &verifier.identity().sha256).unwrap(),
-        shaper: bundle::LockedPlugin::new(&s, &shaper.identity().sha256).unwrap(),
+        protocol: bundle::LockedPlugin::new(&p, protocol.identity()).unwrap(),
+        verifier: bundle::LockedPlugin::new(&v, verifier.identity()).unwrap(),
+        shaper: bundle::LockedPlugin::new(&s, shaper.identity()).unwrap(),
         verifier_checkpoint: None,
     }
 }

@@ -120,9 +120,34 @@ fn panic_carries_the_plugins_message() {
 #[test]
 fn trap_is_reported() {
     match protocol_fails("trap", Limits::default()) {
-        Failure::Trap(msg) => assert!(msg.contains("unreachable"), "{msg}"),
+        Failure::Trap(msg) => assert!(
+            msg.contains("unreachable") && !msg.contains("stderr"),
+            "{msg}"
+        ),
         other => panic!("expected a trap, got {other:?}"),
     }
+}
+
+/// What a plugin wrote to stderr before it trapped is the error's last lines: the reason a
+/// trap alone does not say.
+#[test]
+fn a_trap_carries_what_the_call_wrote_to_stderr() {
+    let (rt, _, _c) = runtime();
+    let mut p = protocol(&rt, &Limits::default());
+    let err = p
+        .plan_turn(&hostile("trap-after-output"), 1, &transcript(2, 3, vec![]))
+        .unwrap_err();
+    let Failure::Trap(msg) = &err.failure else {
+        panic!("expected a trap, got {err}");
+    };
+    assert!(
+        msg.contains("unreachable")
+            && msg.contains(
+                "its last lines on stderr:\n    loading the answer table\n    \
+                 reading constants.txt\n    no such table: constants"
+            ),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -333,7 +358,7 @@ fn plugin_text_reaches_the_terminal_escaped_in_every_world() {
     let mut v = verifier(&rt, &Limits::default());
     let mut s = shaper(&rt, &Limits::default());
     let t = transcript(2, 1, vec![utterance(1, 0, Some("5"), 1.0, true)]);
-    for mode in ["escape-error", "escape-panic"] {
+    for mode in ["escape-error", "escape-panic", "escape-trap"] {
         let task = hostile(mode);
         for err in [
             p.plan_turn(&task, 1, &transcript(2, 3, vec![]))

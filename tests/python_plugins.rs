@@ -386,3 +386,79 @@ fn in_a_component_print_is_logged_and_exceptions_are_errors() {
         .unwrap();
     assert!(ok[0].correct);
 }
+
+/// A plugin written without the SDK: an exception reaches componentize-py's runtime, which
+/// prints the traceback and panics with a generic message. The error reads the traceback: the
+/// exception, its message and the innermost frame, not "threw an unexpected exception".
+#[test]
+fn an_exception_no_sdk_caught_is_read_from_the_traceback() {
+    let (rt, _, _cache) = runtime();
+    let mut v = Verifier::load(&rt, &python("bare"), &json!({}), &Limits::default()).unwrap();
+    let err = v
+        .score(&task("t-raise", "arith", "raise", "5"), &["5".into()])
+        .unwrap_err();
+    assert_eq!(
+        err.failure,
+        maporl::plugin::Failure::Panic(
+            "uncaught Python exception KeyError: 'arith' (at app.py:16, in lookup)".into()
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("t-raise"), "{err}");
+    // The instance is replaced; the next call works.
+    let ok = v
+        .score(&task("t-ok", "arith", "fine", "5"), &["5".into()])
+        .unwrap();
+    assert!(ok[0].correct);
+}
+
+/// componentize-py never builds the same bytes twice; the SDK's build records the source's
+/// sha256 in the component. A rebuild has another sha256 and the same source, and the plugin's
+/// randomness (seeded from the source) is the same; with the section cut off, the two builds
+/// are seeded from their bytes and draw differently: the section is what keeps the seed.
+#[test]
+fn a_rebuild_of_the_same_source_keeps_the_plugins_identity_and_seed() {
+    let rt = cached_runtime();
+    let first = python("hostile");
+    let dir = tempfile::tempdir().unwrap();
+    let second = dir.path().join("hostile.wasm");
+    let status = std::process::Command::new("python3")
+        .current_dir(repo().join("plugins/sdk-python"))
+        .args(["-m", "maporl_plugin", "build"])
+        .arg(repo().join("plugins/python/hostile/app.py"))
+        .args(["--world", "verifier", "-o", second.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let draw = |path: &std::path::Path| {
+        let mut v = Verifier::load(&rt, path, &json!({}), &Limits::default()).unwrap();
+        let verdicts = v
+            .score(&task("t-random", "qa", "random", "a"), &["a".into()])
+            .unwrap();
+        (v.identity().clone(), verdicts[0].answer.clone().unwrap())
+    };
+    let (a, drawn_a) = draw(&first);
+    let (b, drawn_b) = draw(&second);
+    assert_ne!(
+        a.sha256, b.sha256,
+        "componentize-py built the same bytes twice"
+    );
+    let source = a.source_sha256.clone().expect("the SDK records the source");
+    assert_eq!(b.source_sha256.as_deref(), Some(source.as_str()));
+    assert_eq!(drawn_a, drawn_b);
+    assert_eq!(drawn_a.len(), 16, "{drawn_a}");
+
+    // The section is the SDK's last 80 bytes: 1 id, 1 size, 1 + 13 name, 64 digits.
+    let cut = |path: &std::path::Path, to: &str| {
+        let bytes = std::fs::read(path).unwrap();
+        let (kept, section) = bytes.split_at(bytes.len() - 80);
+        assert!(section.ends_with(source.as_bytes()));
+        let out = dir.path().join(to);
+        std::fs::write(&out, kept).unwrap();
+        out
+    };
+    let (a, drawn_a) = draw(&cut(&first, "a.wasm"));
+    let (b, drawn_b) = draw(&cut(&second, "b.wasm"));
+    assert_eq!((a.source_sha256, b.source_sha256), (None, None));
+    assert_ne!(drawn_a, drawn_b);
+}

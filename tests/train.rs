@@ -524,6 +524,49 @@ fn a_resume_refuses_another_config_or_plugin_and_a_fresh_run_refuses_a_used_dir(
     assert_eq!(metrics(&run).len(), 2);
 }
 
+/// A plugin rebuilt from the same source (another component declaring the same
+/// `maporl:source`, as the Python SDK's builds do) continues a run; another source is a change.
+#[test]
+fn a_resume_accepts_a_plugin_rebuilt_from_the_same_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    for name in ["debate", "gsm8k", "influence"] {
+        std::fs::copy(plugin(name), plugins.join(format!("{name}.wasm"))).unwrap();
+    }
+    let base = std::fs::read(plugin("influence")).unwrap();
+    let source = |s: char| s.to_string().repeat(64);
+    // A build's bytes differ (here: a build id) while its source stays.
+    let build = |id: &[u8], src: &str| {
+        let b = with_custom_section(&base, "build-id", id);
+        let b = with_custom_section(&b, "maporl:source", src.as_bytes());
+        std::fs::write(plugins.join("influence.wasm"), b).unwrap();
+    };
+    let env = [("MAPORL_PLUGINS", plugins.to_str().unwrap())];
+    build(b"first", &source('a'));
+    let out = run_train(&run, &model, &["--stop-after", "1"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock = std::fs::read_to_string(run.join("plugins.lock")).unwrap();
+    assert!(lock.contains(&source('a')), "{lock}");
+
+    build(b"second", &source('b'));
+    let out = run_train(&run, &model, &["--resume"], &env);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("shaper plugin `influence.wasm`")
+            && text(&out).contains(&format!("built from source sha256 {}", source('a'))),
+        "{}",
+        text(&out)
+    );
+
+    build(b"second", &source('a'));
+    let out = run_train(&run, &model, &["--resume"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(metrics(&run).len(), 2);
+}
+
 #[test]
 fn baselines_off_the_shelf_evaluates_and_sft_learns_the_best_debates() {
     let dir = tempfile::tempdir().unwrap();

@@ -350,9 +350,9 @@ pub fn load_plugins_judged(
         shaper: RewardShaper::load(&runtime, &shaper.path, &shaper.settings, &p.shaper.limits)?,
     };
     let lock = PluginLock {
-        protocol: LockedPlugin::new(&protocol, &plugins.protocol.identity().sha256)?,
-        verifier: LockedPlugin::new(&verifier, &plugins.verifier.identity().sha256)?,
-        shaper: LockedPlugin::new(&shaper, &plugins.shaper.identity().sha256)?,
+        protocol: LockedPlugin::new(&protocol, plugins.protocol.identity())?,
+        verifier: LockedPlugin::new(&verifier, plugins.verifier.identity())?,
+        shaper: LockedPlugin::new(&shaper, plugins.shaper.identity())?,
         verifier_checkpoint: judge.map(|j| crate::bundle::LockedCheckpoint {
             path: j.checkpoint().display().to_string(),
             sha256: j.sha256().to_string(),

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use super::reference::ResolvedPlugin;
+use crate::plugin::Identity;
 
 /// The lock file's name inside a run directory.
 pub const LOCK_FILE: &str = "plugins.lock";
@@ -42,6 +43,10 @@ pub struct LockedPlugin {
     pub path: String,
     /// sha256 of the component file, hex.
     pub sha256: String,
+    /// sha256 of the source it was built from, as the component declares it (see
+    /// `plugin::source`): a rebuild of the same source continues the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_sha256: Option<String>,
     /// For bundle references: the bundle, its exact version and the component's name and file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<String>,
@@ -57,9 +62,10 @@ pub struct LockedPlugin {
 }
 
 impl LockedPlugin {
-    /// Locks a resolved plugin at the sha256 of the file actually loaded; refuses a bundle
-    /// component whose loaded bytes are not those its manifest pins.
-    pub fn new(resolved: &ResolvedPlugin, loaded_sha256: &str) -> anyhow::Result<LockedPlugin> {
+    /// Locks a resolved plugin at the sha256 of the file actually loaded (`loaded`); refuses
+    /// a bundle component whose loaded bytes are not those its manifest pins.
+    pub fn new(resolved: &ResolvedPlugin, loaded: &Identity) -> anyhow::Result<LockedPlugin> {
+        let loaded_sha256 = loaded.sha256.as_str();
         if let Some(b) = &resolved.bundle {
             if b.sha256 != loaded_sha256 {
                 bail!(
@@ -77,6 +83,7 @@ impl LockedPlugin {
             reference: resolved.reference.clone(),
             path: resolved.path.display().to_string(),
             sha256: loaded_sha256.to_string(),
+            source_sha256: loaded.source_sha256.clone(),
             bundle: resolved.bundle.as_ref().map(|b| b.name.clone()),
             version: resolved.bundle.as_ref().map(|b| b.version.to_string()),
             component: resolved.bundle.as_ref().map(|b| b.component.clone()),
@@ -86,14 +93,17 @@ impl LockedPlugin {
     }
 
     fn describe(&self) -> String {
+        let hashes = match &self.source_sha256 {
+            Some(source) => format!("sha256 {}, built from source sha256 {source}", self.sha256),
+            None => format!("sha256 {}", self.sha256),
+        };
         match (&self.bundle, &self.version) {
             (Some(b), Some(v)) => format!(
-                "{b}@{v} component {} (sha256 {}) signed by {}",
+                "{b}@{v} component {} ({hashes}) signed by {}",
                 self.component.as_deref().unwrap_or("?"),
-                self.sha256,
                 self.signer.as_deref().unwrap_or("?")
             ),
-            _ => format!("{} (sha256 {})", self.path, self.sha256),
+            _ => format!("{} ({hashes})", self.path),
         }
     }
 }
@@ -159,7 +169,20 @@ pub fn check_lock(
     for ((role, was), (_, now)) in locked.roles().into_iter().zip(current.roles()) {
         // A signer recorded by an older lock (none) is no change.
         let signer_changed = was.signer.is_some() && was.signer != now.signer;
-        if was.sha256 != now.sha256
+        let rebuilt = was.sha256 != now.sha256
+            && was.source_sha256.is_some()
+            && was.source_sha256 == now.source_sha256;
+        if rebuilt {
+            tracing::info!(
+                "the {role} plugin `{}` was rebuilt from the same source (sha256 {}): \
+                 resuming with it ({} -> {})",
+                now.reference,
+                now.source_sha256.as_deref().unwrap_or_default(),
+                was.sha256,
+                now.sha256
+            );
+        }
+        if (was.sha256 != now.sha256 && !rebuilt)
             || was.version != now.version
             || was.bundle != now.bundle
             || signer_changed
@@ -206,6 +229,7 @@ mod tests {
             reference: "arith/debate@^0.1".into(),
             path: "/store/arith/0.1.0/debate.wasm".into(),
             sha256: sha.into(),
+            source_sha256: None,
             bundle: Some("arith".into()),
             version: Some("0.1.0".into()),
             component: Some("debate".into()),
@@ -221,6 +245,7 @@ mod tests {
                 reference: "gsm8k.wasm".into(),
                 path: "/p/gsm8k.wasm".into(),
                 sha256: "bb".into(),
+                source_sha256: None,
                 bundle: None,
                 version: None,
                 component: None,
@@ -264,6 +289,45 @@ mod tests {
         assert!(
             err.contains("arith@0.1.0") && err.contains("arith@0.1.1"),
             "{err}"
+        );
+    }
+
+    /// A component rebuilt from the same declared source continues the run; another source,
+    /// or a component that declares none, is a change. A lock written before sources were
+    /// recorded still reads.
+    #[test]
+    fn a_rebuild_of_the_same_source_is_no_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let built = |sha: &str, source: Option<&str>| {
+            let mut l = lock("aa");
+            l.verifier.sha256 = sha.into();
+            l.verifier.source_sha256 = source.map(str::to_string);
+            l
+        };
+        built("b1", Some("s1")).write(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(text.contains("source_sha256 = \"s1\""), "{text}");
+        assert!(check_lock(dir.path(), &built("b2", Some("s1")), false)
+            .unwrap()
+            .is_empty());
+        for other in [built("b2", Some("s2")), built("b2", None)] {
+            let err = check_lock(dir.path(), &other, false)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("verifier plugin `gsm8k.wasm`")
+                    && err.contains("sha256 b1, built from source sha256 s1"),
+                "{err}"
+            );
+        }
+        // Declaring a source does not excuse a lock that had none.
+        built("b1", None).write(dir.path()).unwrap();
+        assert!(check_lock(dir.path(), &built("b2", Some("s1")), false).is_err());
+        let old = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(!old.contains("source_sha256"), "{old}");
+        assert_eq!(
+            PluginLock::read(dir.path()).unwrap(),
+            Some(built("b1", None))
         );
     }
 }

@@ -58,6 +58,10 @@ pub struct ComponentEntry {
     /// sha256 of the file, hex (filled by `pack`).
     #[serde(default)]
     pub sha256: String,
+    /// sha256 of the source the component was built from, as its build declares it in the
+    /// component (filled by `pack`; absent when it declares none). See `plugin::source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_sha256: Option<String>,
     /// Settings passed to `configure` unless the run config overrides them (key by key).
     #[serde(default)]
     pub settings: toml::Table,
@@ -277,6 +281,7 @@ pub fn pack(runtime: &Runtime, dir: &Path, new: &NewBundle) -> anyhow::Result<Ma
                     file,
                     world: String::new(),
                     sha256: String::new(),
+                    source_sha256: None,
                     settings: toml::Table::new(),
                 })
                 .collect(),
@@ -314,6 +319,7 @@ pub fn pack(runtime: &Runtime, dir: &Path, new: &NewBundle) -> anyhow::Result<Ma
         }
         c.world = world.name().to_string();
         c.sha256 = ins.sha256;
+        c.source_sha256 = ins.source_sha256;
     }
     manifest.bundle.wit = format!("{WIT_PACKAGE}@{}.{}.{}", wit.0, wit.1, wit.2);
     manifest

@@ -165,6 +165,14 @@ pub fn verify(runtime: &Runtime, dir: &Path, policy: &TrustPolicy) -> anyhow::Re
             .check(&dir.join(&c.file), world)
             .map_err(|e| anyhow::anyhow!("{what}: {}", e.failure))
             .map_err(fail)?;
+        if c.source_sha256.is_some() && c.source_sha256 != ins.source_sha256 {
+            return Err(fail(anyhow::anyhow!(
+                "{what}: bundle.toml says it was built from source sha256 {}, but the \
+                 component declares {}",
+                c.source_sha256.as_deref().unwrap_or_default(),
+                ins.source_sha256.as_deref().unwrap_or("none")
+            )));
+        }
         inspections.push(ins);
     }
     Ok(Verified {

@@ -88,6 +88,9 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
                 println!("file:        {}", ins.file);
                 println!("size:        {} bytes", ins.size);
                 println!("sha256:      {}", ins.sha256);
+                if let Some(source) = &ins.source_sha256 {
+                    println!("source:      sha256 {source} (as its build declares it)");
+                }
                 println!(
                     "world:       {}",
                     ins.world
@@ -130,6 +133,9 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
                 ins.wit_version.as_deref().unwrap_or("?"),
                 ins.sha256
             );
+            if let Some(source) = &ins.source_sha256 {
+                println!("  built from source sha256 {source} (its seed and resume follow it)");
+            }
             print!("{}", needs(&ins));
             Ok(())
         }

@@ -30,6 +30,9 @@ pub struct Identity {
     pub name: String,
     /// sha256 of the component file, hex.
     pub sha256: String,
+    /// sha256 of the source it was built from, as the component declares it (see
+    /// [`super::source`]): the same across rebuilds that do not give the same bytes.
+    pub source_sha256: Option<String>,
     pub world: World,
 }
 
@@ -71,13 +74,15 @@ impl<B: WorldBindings> Handle<B> {
             .instantiate_pre(&loaded.component)
             .map_err(|e| fail(format!("{e:#}")))?;
         let pre = B::pre(pre).map_err(|e| fail(format!("{e:#}")))?;
-        // Each plugin gets its own stream of randomness, the same on every run.
-        let seed = runtime.options.seed
-            ^ u64::from_str_radix(&loaded.sha256[..16], 16).expect("sha256 is hex");
+        // Each plugin gets its own stream of randomness, the same on every run and, where
+        // the component declares its source, on every rebuild of that source.
+        let key = loaded.source_sha256.as_deref().unwrap_or(&loaded.sha256);
+        let seed = runtime.options.seed ^ u64::from_str_radix(&key[..16], 16).expect("hex");
         let mut handle = Handle {
             identity: Identity {
                 name: loaded.name,
                 sha256: loaded.sha256,
+                source_sha256: loaded.source_sha256,
                 world: B::WORLD,
             },
             engine: runtime.engine.clone(),
@@ -147,7 +152,7 @@ impl<B: WorldBindings> Handle<B> {
         let bindings = match B::instantiate(&self.pre, &mut store) {
             Ok(b) => b,
             Err(e) => {
-                let failure = self.classify(&store, e);
+                let failure = self.classify(&store, e, 0);
                 return Err(self.error("instantiate", task, failure));
             }
         };
@@ -209,6 +214,7 @@ impl<B: WorldBindings> Handle<B> {
         if let Some(task) = task.filter(|_| store.data().judged() > 0) {
             *self.judged_by_task.entry(task.to_string()).or_default() += store.data().judged();
         }
+        let seen_before = self.stderr_seen;
         let stderr_len = self.forward_stderr(&store);
         match outcome {
             Ok(result) => {
@@ -219,7 +225,7 @@ impl<B: WorldBindings> Handle<B> {
                 result.map_err(|msg| self.error(function, task, Failure::Returned(msg)))
             }
             Err(trap) => {
-                let failure = self.classify(&store, trap);
+                let failure = self.classify(&store, trap, seen_before);
                 Err(self.error(function, task, failure))
             }
         }
@@ -240,7 +246,14 @@ impl<B: WorldBindings> Handle<B> {
         }
     }
 
-    fn classify(&self, store: &Store<Sandbox>, err: wasmtime::Error) -> Failure {
+    /// Why a call trapped; `seen_before` is how much of the instance's stderr was written
+    /// before the call (what it wrote since is the call's own output).
+    fn classify(
+        &self,
+        store: &Store<Sandbox>,
+        err: wasmtime::Error,
+        seen_before: usize,
+    ) -> Failure {
         if let Some((desired, limit)) = store.data().memory_refused {
             return Failure::MemoryCap { desired, limit };
         }
@@ -270,14 +283,24 @@ impl<B: WorldBindings> Handle<B> {
                 Failure::StackOverflow
             }
             Some(trap @ Trap::UnreachableCodeReached) => {
-                let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).to_string();
-                match panic_message(&stderr) {
+                let output = call_output(store, seen_before);
+                // A Python runtime prints the traceback, then panics with a generic message.
+                match python_exception(&output).or_else(|| panic_message(&output)) {
                     Some(msg) => Failure::Panic(msg),
-                    None => Failure::Trap(describe_trap(&trap.to_string(), backtrace)),
+                    None => Failure::Trap(with_output(
+                        describe_trap(&trap.to_string(), backtrace),
+                        &output,
+                    )),
                 }
             }
-            Some(trap) => Failure::Trap(describe_trap(&trap.to_string(), backtrace)),
-            None => Failure::Trap(describe_trap(&format!("{:#}", err.root_cause()), backtrace)),
+            Some(trap) => Failure::Trap(with_output(
+                describe_trap(&trap.to_string(), backtrace),
+                &call_output(store, seen_before),
+            )),
+            None => Failure::Trap(with_output(
+                describe_trap(&format!("{:#}", err.root_cause()), backtrace),
+                &call_output(store, seen_before),
+            )),
         }
     }
 
@@ -343,6 +366,58 @@ fn panic_message(stderr: &str) -> Option<String> {
     Some(format!("{} (at {location})", message.join("\n").trim()))
 }
 
+/// What the plugin wrote to stderr during the call that failed.
+fn call_output(store: &Store<Sandbox>, seen_before: usize) -> String {
+    let contents = store.data().stderr.contents();
+    String::from_utf8_lossy(contents.get(seen_before..).unwrap_or_default()).to_string()
+}
+
+/// Lines of a failed call's stderr kept in its error, and characters kept of each.
+const OUTPUT_LINES: usize = 5;
+const OUTPUT_LINE_CHARS: usize = 240;
+
+/// A trap's description followed by the last lines the call wrote to stderr, if any: what
+/// the plugin said just before it failed.
+fn with_output(description: String, output: &str) -> String {
+    let lines: Vec<&str> = output.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return description;
+    }
+    let mut text = description;
+    text.push_str("\nits last lines on stderr:");
+    for line in &lines[lines.len().saturating_sub(OUTPUT_LINES)..] {
+        text.push_str("\n    ");
+        text.extend(line.chars().take(OUTPUT_LINE_CHARS));
+        if line.chars().nth(OUTPUT_LINE_CHARS).is_some() {
+            text.push('…');
+        }
+    }
+    text
+}
+
+/// The reason of the last Python traceback in a guest's stderr: the exception's line, with
+/// the innermost frame's file, line and function ("KeyError: 'x' (at app.py:9, in score)").
+fn python_exception(stderr: &str) -> Option<String> {
+    let start = stderr.rfind("Traceback (most recent call last):")?;
+    let mut location = None;
+    for line in stderr[start..].lines().skip(1) {
+        if let Some(frame) = line.strip_prefix("  File \"") {
+            // `  File "/app/app.py", line 9, in score`
+            let (file, rest) = frame.split_once("\", line ")?;
+            let (number, function) = rest.split_once(", in ").unwrap_or((rest, "?"));
+            let file = file.rsplit('/').next().unwrap_or(file);
+            location = Some(format!("{file}:{number}, in {function}"));
+        } else if !line.is_empty() && !line.starts_with(' ') {
+            let reason = format!("uncaught Python exception {line}");
+            return Some(match location {
+                Some(at) => format!("{reason} (at {at})"),
+                None => reason,
+            });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -354,5 +429,49 @@ mod tests {
             Some("boom went the plugin (at src/lib.rs:12:9)")
         );
         assert_eq!(super::panic_message("just some output"), None);
+    }
+
+    /// componentize-py's output for an exception that reached its runtime: the traceback
+    /// (with 3.11's caret lines), then the runtime's panic.
+    #[test]
+    fn an_uncaught_python_exception_is_read_from_its_traceback() {
+        let stderr = "Traceback (most recent call last):\n  \
+            File \"/tmp/x/app.py\", line 21, in score\n    return table[task.kind]\n           \
+            ~~~~~^^^^^^^^^^^\nKeyError: 'arith'\n\
+            thread '<unnamed>' panicked at runtime/src/lib.rs:1293:29:\n\
+            Python function threw an unexpected exception\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            super::python_exception(stderr).as_deref(),
+            Some("uncaught Python exception KeyError: 'arith' (at app.py:21, in score)")
+        );
+        // The last of two (an exception raised while handling another).
+        let chained = "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\n\
+            ValueError: first\n\nDuring handling of the above exception, another exception \
+            occurred:\n\nTraceback (most recent call last):\n  File \"b.py\", line 2, in g\n\
+            TypeError: second\n";
+        assert_eq!(
+            super::python_exception(chained).as_deref(),
+            Some("uncaught Python exception TypeError: second (at b.py:2, in g)")
+        );
+        assert_eq!(super::python_exception("no traceback here"), None);
+    }
+
+    #[test]
+    fn a_traps_error_keeps_the_last_lines_of_the_calls_stderr() {
+        assert_eq!(super::with_output("trap".into(), "\n  \n"), "trap");
+        let output: String = (1..=8).map(|i| format!("line {i}\n")).collect();
+        let shown = super::with_output("trap".into(), &output);
+        assert_eq!(
+            shown,
+            "trap\nits last lines on stderr:\n    line 4\n    line 5\n    line 6\n    \
+             line 7\n    line 8"
+        );
+        let long = "é".repeat(1000);
+        let shown = super::with_output("trap".into(), &long);
+        assert_eq!(
+            shown.chars().filter(|c| *c == 'é').count(),
+            super::OUTPUT_LINE_CHARS
+        );
+        assert!(shown.ends_with('…'));
     }
 }

@@ -17,6 +17,10 @@ pub struct Inspection {
     pub file: String,
     pub size: u64,
     pub sha256: String,
+    /// The sha256 of the source it was built from, as its build declares it (see
+    /// [`super::source`]); none for a component that declares none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_sha256: Option<String>,
     /// The maporl world the component implements, if any.
     pub world: Option<String>,
     /// The WIT version it was built against, e.g. "0.1.0".
@@ -41,22 +45,26 @@ pub struct ExportedInterface {
 pub fn inspect(runtime: &super::Runtime, path: &Path) -> Result<Inspection, String> {
     let bytes = super::builtin::read_component(path, crate::files::COMPONENT_CAP_MAX)?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
+    let source_sha256 = super::source::declared(&bytes)?;
     let component = runtime.compile(&bytes, &sha256)?;
     Ok(describe(
         &runtime.engine,
         path,
         bytes.len() as u64,
         sha256,
+        source_sha256,
         &component,
     ))
 }
 
-/// Describes a compiled component; `size` and `sha256` are those of its file.
+/// Describes a compiled component; `size`, `sha256` and `source_sha256` are those of its
+/// file.
 pub(crate) fn describe(
     engine: &Engine,
     path: &Path,
     size: u64,
     sha256: String,
+    source_sha256: Option<String>,
     component: &Component,
 ) -> Inspection {
     let ty = component.component_type();
@@ -93,6 +101,7 @@ pub(crate) fn describe(
         file: path.display().to_string(),
         size,
         sha256,
+        source_sha256,
         world: world.map(|w| w.name().to_string()),
         wit_version: version.map(|(a, b, c)| format!("{a}.{b}.{c}")),
         imports,

@@ -24,6 +24,7 @@ mod protocol;
 mod runtime;
 mod sandbox;
 mod shaper;
+pub mod source;
 mod verifier;
 mod wit;
 

@@ -69,6 +69,8 @@ pub struct Runtime {
 pub(crate) struct Loaded {
     pub name: String,
     pub sha256: String,
+    /// The source sha256 the component declares (see [`super::source`]).
+    pub source_sha256: Option<String>,
     /// Size of the component file in bytes.
     pub size: u64,
     pub component: Component,
@@ -147,6 +149,7 @@ impl Runtime {
                 path,
                 loaded.size,
                 loaded.sha256,
+                loaded.source_sha256,
                 &loaded.component,
             )
         })
@@ -183,6 +186,8 @@ impl Runtime {
         let bytes =
             super::builtin::read_component(path, cap).map_err(|e| load_error(&name, world, e))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
+        let source_sha256 =
+            super::source::declared(&bytes).map_err(|e| load_error(&name, world, e))?;
         let component = self
             .compile(&bytes, &sha256)
             .map_err(|e| load_error(&name, world, e))?;
@@ -191,6 +196,7 @@ impl Runtime {
         Ok(Loaded {
             name,
             sha256,
+            source_sha256,
             size: bytes.len() as u64,
             component,
         })

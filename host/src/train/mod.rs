@@ -859,7 +859,7 @@ impl Trainer {
             dir,
             "the debates' split and the updates' order depend on the number of ranks",
         )?;
-        if st.plugins != self.plugin_hashes && !allow_plugin_change {
+        if !st.plugins.same_plugins(&self.plugin_hashes) && !allow_plugin_change {
             bail!(
                 "{}",
                 state::plugin_change(&st.plugins, &self.plugin_hashes, dir)

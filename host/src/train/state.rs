@@ -79,19 +79,25 @@ impl TrainState {
 
 /// The error for a resume whose plugins differ from the checkpoint's.
 pub fn plugin_change(saved: &PluginHashes, now: &PluginHashes, dir: &Path) -> String {
+    let short = |s: &str| s.chars().take(12).collect::<String>();
+    let changed = saved.changed_roles(now);
     let mut diffs = Vec::new();
-    for (role, a, b) in [
-        ("protocol", &saved.protocol, &now.protocol),
-        ("verifier", &saved.verifier, &now.verifier),
-        ("shaper", &saved.shaper, &now.shaper),
-    ] {
-        if a != b {
+    for ((role, a), (_, b)) in saved.roles().into_iter().zip(now.roles()) {
+        if changed.contains(&role) {
             diffs.push(format!(
                 "the {role} was sha256 {}, it is now {}",
-                &a[..12.min(a.len())],
-                &b[..12.min(b.len())]
+                short(a),
+                short(b)
             ));
         }
+    }
+    if saved.verifier_checkpoint != now.verifier_checkpoint {
+        let show = |c: &Option<String>| c.as_deref().map_or("none".into(), short);
+        diffs.push(format!(
+            "the learned verifier's checkpoint was sha256 {}, it is now {}",
+            show(&saved.verifier_checkpoint),
+            show(&now.verifier_checkpoint)
+        ));
     }
     format!(
         "cannot resume from {}: {}; resuming would not continue the same run (pass \

@@ -5,8 +5,12 @@ the task's question (tests/python_plugins.rs):
 - `divide`: divides by zero (the error must name the exception and the line);
 - `late-import`: imports a module app.py did not import at the top (a component has no
   files to import it from: the error must say so);
+- `random`: the answer is 8 bytes of `os.urandom` in hex (WASI randomness: the host seeds it
+  from the run seed and the plugin's source);
 - anything else: the answer is the trimmed response, right when it equals the reference.
 """
+
+import os
 
 from maporl_plugin import Verdict, Verifier, export
 
@@ -27,6 +31,8 @@ class Hostile(Verifier):
             print("a second line", len(responses))
         elif q == "divide":
             return [Verdict(None, 1 / len([]), False)]
+        elif q == "random":
+            return [Verdict(os.urandom(8).hex(), 0.0, False) for _ in responses]
         elif q == "late-import":
             import csv  # noqa: F401: not imported at build time
 

@@ -3,10 +3,13 @@
     cd plugins/sdk-python && python3 -m unittest discover -s tests
 """
 
+import os
+import tempfile
 import unittest
 
 from maporl_plugin import Task, Transcript, Utterance, Verifier, export, parse_settings
 from maporl_plugin.answers import last_boxed, parse_integer
+from maporl_plugin.build import source_sha256, with_section
 from maporl_plugin.reward import f32, reward
 from maporl_plugin.text import split_whitespace, trim
 from maporl_plugin.transcript import majority
@@ -84,6 +87,44 @@ class Helpers(unittest.TestCase):
         self.assertEqual(majority(["8", "7"]), ["7", "8"])
         t = Transcript(2, 3, [Utterance(1, 0, "x", "7", 1.0, True)])
         self.assertEqual(t.utterances[0].answer, "7")
+
+
+class Source(unittest.TestCase):
+    """The source hash a build records: the same for the same files wherever they are, and
+    another for any change in what the build reads."""
+
+    def app(self, root, files):
+        for rel, text in files.items():
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        return root
+
+    def test_the_same_source_anywhere_gives_the_same_hash_and_any_change_another(self):
+        wit = os.path.join(os.path.dirname(__file__), "..", "maporl_plugin", "wit")
+        files = {"app.py": "X = 1\n", "lib/helpers.py": "Y = 2\n", "notes.txt": "not read"}
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            h = source_sha256(self.app(a, files), "verifier", wit, "componentize-py 0.25.1")
+            self.assertEqual(len(h), 64)
+            self.assertEqual(h, source_sha256(self.app(b, files), "verifier", wit, "componentize-py 0.25.1"))
+            # Caches and files the build does not read change nothing.
+            self.app(b, {"__pycache__/app.cpython-314.pyc": "x", "notes.txt": "other"})
+            self.assertEqual(h, source_sha256(b, "verifier", wit, "componentize-py 0.25.1"))
+            others = [
+                source_sha256(b, "protocol", wit, "componentize-py 0.25.1"),
+                source_sha256(b, "verifier", wit, "componentize-py 0.26.0"),
+                source_sha256(self.app(b, {"lib/helpers.py": "Y = 3\n"}), "verifier", wit, "componentize-py 0.25.1"),
+                source_sha256(self.app(b, {"lib/more.py": ""}), "verifier", wit, "componentize-py 0.25.1"),
+            ]
+            self.assertEqual(len(set(others + [h])), 5, others)
+
+    def test_the_section_is_appended_with_its_sizes(self):
+        out = with_section(b"\0asm\x0d\0\x01\0", "maporl:source", b"a" * 200)
+        # id 0, size 214 as two LEB bytes, name length 13, name, contents.
+        self.assertEqual(out[8:12], bytes([0, 0xD6, 0x01, 13]))
+        self.assertEqual(out[12:25], b"maporl:source")
+        self.assertEqual(out[25:], b"a" * 200)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 //! | `alloc`     | allocates 1 GiB and writes to every byte                           |
 //! | `panic`     | `panic!("hostile plugin panicked on purpose")`                     |
 //! | `trap`      | the wasm `unreachable` instruction                                 |
+//! | `trap-after-output` | writes [`LAST_WORDS`] to stderr, then `unreachable`        |
 //! | `stack`     | unbounded recursion                                                |
 //! | `read-file` | reads /etc/passwd: its first line in the output, or the io error   |
 //! | `env`       | an error listing the environment variables and arguments seen      |
@@ -17,6 +18,7 @@
 //! | `sleep`     | sleeps an hour (`std::thread::sleep`: a WASI monotonic-clock wait)  |
 //! | `escape-error` | returns [`TERMINAL_ATTACK`] as its error                        |
 //! | `escape-panic` | panics with [`TERMINAL_ATTACK`]                                 |
+//! | `escape-trap`  | writes [`TERMINAL_ATTACK`] to stderr, then `unreachable`        |
 //! | `escape-log`   | (protocol) logs [`TERMINAL_ATTACK`] at level error, then behaves |
 //!
 //! Any other mode: the fixture behaves (or applies a world-specific misbehaviour).
@@ -42,6 +44,10 @@ pub enum Outcome {
 /// The panic message of mode `panic`.
 pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
 
+/// What mode `trap-after-output` writes to stderr before it traps: three lines.
+pub const LAST_WORDS: &str =
+    "loading the answer table\nreading constants.txt\nno such table: constants";
+
 /// Text that attacks the terminal it is printed on: a forged host error on a new line, a
 /// carriage return that overwrites the line, clear-screen and colour sequences, a window
 /// title (OSC ... BEL), an 8-bit CSI, a bidi override and a line separator.
@@ -61,6 +67,14 @@ pub fn misbehave(mode: &str) -> Outcome {
         )),
         "panic" => panic!("{PANIC_MESSAGE}"),
         "trap" => trap(),
+        "trap-after-output" => {
+            eprintln!("{LAST_WORDS}");
+            trap()
+        }
+        "escape-trap" => {
+            eprintln!("{TERMINAL_ATTACK}");
+            trap()
+        }
         "stack" => Outcome::Error(format!("stack: recursion returned {}", recurse(0))),
         "read-file" => match std::fs::read_to_string("/etc/passwd") {
             Ok(text) => Outcome::Output(format!(
