@@ -462,3 +462,51 @@ fn a_rebuild_of_the_same_source_keeps_the_plugins_identity_and_seed() {
     assert_eq!((a.source_sha256, b.source_sha256), (None, None));
     assert_ne!(drawn_a, drawn_b);
 }
+
+/// A verifier on HF math-verify (sympy and an ANTLR LaTeX parser underneath; about 78 MB,
+/// about 74 MiB of memory at start): refused under the default component cap with the
+/// setting to raise, loaded with its caps raised, and grading by mathematical equality under
+/// the default fuel and deadline.
+#[test]
+fn a_math_verify_verifier_loads_with_raised_caps_and_grades_by_equality() {
+    let rt = cached_runtime();
+    let path = python("math-verify");
+    let err = Verifier::load(&rt, &path, &json!({}), &Limits::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("limits.max_component_mib raised"), "{err}");
+    let raised = Limits {
+        max_component_mib: 128,
+        memory_mib: 256,
+        ..Limits::default()
+    };
+    let mut v = Verifier::load(&rt, &path, &json!({}), &raised).unwrap();
+    let graded = |v: &mut Verifier, reference: &str, responses: &[&str]| -> Vec<bool> {
+        let responses: Vec<String> = responses.iter().map(|r| r.to_string()).collect();
+        v.score(&task("t-math", "math", "q", reference), &responses)
+            .unwrap()
+            .iter()
+            .map(|v| v.correct)
+            .collect()
+    };
+    assert_eq!(
+        graded(
+            &mut v,
+            "\\frac{1}{2}",
+            &[
+                "The answer is \\boxed{0.5}",
+                "so 1/2",
+                "$\\frac{2}{4}$",
+                "\\boxed{2}",
+                "1/3",
+                "no idea"
+            ]
+        ),
+        [true, true, true, false, false, false]
+    );
+    assert_eq!(
+        graded(&mut v, "x + 1", &["$1 + x$", "$x - 1$"]),
+        [true, false]
+    );
+}

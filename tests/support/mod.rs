@@ -90,12 +90,15 @@ pub fn python_plugins_dir() -> &'static Path {
                 .max()
                 .unwrap()
         };
+        // math-verify bundles packages `cargo xtask test` installs beside it.
+        let site = out.join("math-verify-site");
         for (name, world) in [
             ("debate", "protocol"),
             ("gsm8k", "verifier"),
             ("influence", "reward-shaper"),
             ("hostile", "verifier"),
             ("bare", "verifier"),
+            ("math-verify", "verifier"),
         ] {
             let wasm = out.join(format!("{name}.wasm"));
             let source = newest_source(&[repo().join("plugins/sdk-python"), root.join(name)]);
@@ -112,12 +115,19 @@ pub fn python_plugins_dir() -> &'static Path {
                     root.join(name).join("app.py").to_str().unwrap(),
                 ])
                 .args(["--world", world, "-o", wasm.to_str().unwrap()])
+                .args(match name {
+                    "math-verify" => vec!["--path", site.to_str().unwrap()],
+                    _ => vec![],
+                })
                 .status()
                 .expect("running python3");
             assert!(
                 status.success(),
-                "building the Python plugin {name} failed; is componentize-py installed? \
-                 (`python3 -m pip install componentize-py==0.25.1`; `cargo xtask test` does it)"
+                "building the Python plugin {name} failed; are componentize-py and (for \
+                 math-verify) its packages installed? (`cargo xtask test` installs both: \
+                 componentize-py==0.25.1, and plugins/python/math-verify/requirements.txt into \
+                 {})",
+                site.display()
             );
         }
         out

@@ -334,8 +334,9 @@ fn registry() {
 }
 
 /// The Python plugin SDK's build tool (componentize-py, from PyPI, at the version the SDK
-/// names) and the SDK's own unit tests; tests/python_plugins.rs builds the Python examples
-/// with it.
+/// names), the packages the math-verify example bundles (pinned, into
+/// `plugins/target/python/math-verify-site`) and the SDK's own unit tests;
+/// tests/python_plugins.rs builds the Python examples with them.
 fn python_sdk() {
     const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
     let have = Command::new("componentize-py")
@@ -352,6 +353,19 @@ fn python_sdk() {
             );
             exit(1);
         }
+    }
+    let requirements = root().join("plugins/python/math-verify/requirements.txt");
+    let site = root().join("plugins/target/python/math-verify-site");
+    let marker = site.join("installed-requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).expect("reading requirements.txt");
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
+        let _ = std::fs::remove_dir_all(&site);
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
+            .arg(&site)
+            .arg("-r")
+            .arg(&requirements));
+        std::fs::write(&marker, &wanted).expect("writing the marker");
     }
     run(Command::new("python3")
         .current_dir(root().join("plugins/sdk-python"))

@@ -6,9 +6,9 @@ componentize-py does not build the same bytes twice (it snapshots a CPython heap
 anew each time), so the build also records the sha256 of what it was built from in the
 component, as a custom section `maporl:source`: the app's directory (its `.py` files), this
 package, the contract, the world and componentize-py's version. maporl seeds the plugin from
-that hash and resumes a run whose plugin was rebuilt from the same source. Packages imported
-from elsewhere (site-packages) are not in it: vendor them into the app's directory to have
-them counted."""
+that hash and resumes a run whose plugin was rebuilt from the same source. Packages given
+with `--path DIR` are bundled and counted; packages componentize-py finds elsewhere (its
+own site-packages) are bundled but not counted."""
 
 import argparse
 import hashlib
@@ -23,8 +23,9 @@ WORLDS = {"protocol": "Collaboration", "verifier": "Verification", "reward-shape
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def build(app: str, world: str, out: str, wit: str = None) -> str:
-    """Builds `app` into `out`; returns the source sha256 recorded in it."""
+def build(app: str, world: str, out: str, wit: str = None, paths=()) -> str:
+    """Builds `app` into `out`, with the packages under each of `paths` importable (pure
+    Python, e.g. a `pip install --target DIR`); returns the source sha256 recorded in it."""
     if world not in WORLDS:
         raise SystemExit(f"maporl-plugin build: unknown world `{world}`; the worlds are {', '.join(WORLDS)}")
     if not os.path.isfile(app) or not app.endswith(".py"):
@@ -46,6 +47,9 @@ def build(app: str, world: str, out: str, wit: str = None) -> str:
     wit = wit or os.path.join(HERE, "wit")
     app_dir, module = os.path.split(os.path.abspath(app))
     os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    for path in paths:
+        if not os.path.isdir(path):
+            raise SystemExit(f"maporl-plugin build: --path {path} is not a directory")
     cmd = [
         tool,
         "-d", wit,
@@ -53,12 +57,14 @@ def build(app: str, world: str, out: str, wit: str = None) -> str:
         "componentize", module[: -len(".py")],
         "-p", app_dir,
         "-p", os.path.dirname(HERE),
-        "-o", out,
     ]
+    for path in paths:
+        cmd += ["-p", path]
+    cmd += ["-o", out]
     done = subprocess.run(cmd)
     if done.returncode != 0:
         raise SystemExit(f"maporl-plugin build: componentize-py failed ({done.returncode}): {' '.join(cmd)}")
-    source = source_sha256(app_dir, world, wit, tool_version(tool))
+    source = source_sha256(app_dir, world, wit, tool_version(tool), paths)
     with open(out, "rb") as f:
         component = f.read()
     with open(out, "wb") as f:
@@ -86,17 +92,18 @@ def _files(root: str, suffixes):
     return sorted(found)
 
 
-def source_sha256(app_dir: str, world: str, wit: str, tool: str) -> str:
+def source_sha256(app_dir: str, world: str, wit: str, tool: str, paths=()) -> str:
     """The sha256 of what a build reads: the app directory's `.py` files, this package's
-    `.py` files, the contract's `.wit` files, the world and the componentize-py version;
-    each file as its label, relative path, length and bytes, in sorted order."""
+    `.py` files, the contract's `.wit` files, the `.py` files under each of `paths`, the
+    world and the componentize-py version; each file as its label, relative path, length
+    and bytes, in sorted order."""
     h = hashlib.sha256()
     h.update(f"maporl-plugin source 1\0world {world}\0tool {tool}\0".encode())
     for label, root, suffixes in [
         ("app", app_dir, (".py",)),
         ("sdk", HERE, (".py",)),
         ("wit", wit, (".wit",)),
-    ]:
+    ] + [(f"path{i}", p, (".py",)) for i, p in enumerate(paths)]:
         for rel in _files(root, suffixes):
             with open(os.path.join(root, rel), "rb") as f:
                 data = f.read()
@@ -131,8 +138,14 @@ def main(argv=None) -> None:
     b.add_argument("--world", required=True, choices=sorted(WORLDS))
     b.add_argument("-o", "--out", required=True, help="the component to write (.wasm)")
     b.add_argument("--wit", help="the contract's directory (default: the one this package ships)")
+    b.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        help="a directory of pure-Python packages to bundle (e.g. from `pip install --target DIR`); repeatable",
+    )
     args = parser.parse_args(argv)
-    source = build(args.app, args.world, args.out, args.wit)
+    source = build(args.app, args.world, args.out, args.wit, args.path)
     print(f"built {args.out} ({args.world}), from source sha256 {source}")
 
 
