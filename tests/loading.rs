@@ -103,6 +103,52 @@ fn files_that_are_not_components_get_clear_errors() {
     assert!(load_error(err).contains("not a WebAssembly file"));
 }
 
+/// A component that imports `wasi:http` (as a default componentize-js build does) is refused
+/// by name with how to build it without, in every world; the same component without the
+/// import gets the usual "no world" refusal.
+#[test]
+fn a_component_that_imports_wasi_http_is_refused_saying_how_to_build_without() {
+    let (rt, _, _c) = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    // A component (layer 1) with one instance type (no exports) and, when `name` is given,
+    // an import of that instance under `name`.
+    let component = |name: Option<&str>| {
+        let mut b = b"\0asm\x0d\0\x01\0".to_vec();
+        b.extend_from_slice(&[0x07, 0x03, 0x01, 0x42, 0x00]);
+        if let Some(name) = name {
+            let mut import = vec![0x01, 0x00, name.len() as u8];
+            import.extend_from_slice(name.as_bytes());
+            import.extend_from_slice(&[0x05, 0x00]);
+            b.push(0x0a);
+            b.push(import.len() as u8);
+            b.extend_from_slice(&import);
+        }
+        b
+    };
+    let http = dir.path().join("http.wasm");
+    std::fs::write(&http, component(Some("wasi:http/types@0.2.10"))).unwrap();
+    for world in World::ALL {
+        let err = match world {
+            World::Protocol => Protocol::load(&rt, &http, &json!({}), &Limits::default()).err(),
+            World::Verifier => Verifier::load(&rt, &http, &json!({}), &Limits::default()).err(),
+            World::RewardShaper => {
+                RewardShaper::load(&rt, &http, &json!({}), &Limits::default()).err()
+            }
+        };
+        let msg = load_error(err.unwrap());
+        assert!(
+            msg.contains("imports `wasi:http/types@0.2.10`")
+                && msg.contains("--disable http fetch-event"),
+            "{world:?}: {msg}"
+        );
+    }
+    let plain = dir.path().join("plain.wasm");
+    std::fs::write(&plain, component(None)).unwrap();
+    let err = Verifier::load(&rt, &plain, &json!({}), &Limits::default()).err();
+    let msg = load_error(err.unwrap());
+    assert!(msg.contains("does not implement world `verifier`"), "{msg}");
+}
+
 #[test]
 fn bad_settings_are_refused_at_load_naming_the_key() {
     let (rt, _, _c) = runtime();

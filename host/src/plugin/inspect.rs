@@ -203,13 +203,25 @@ pub(crate) fn check_version(what: &str, version: Version) -> Result<(), String> 
 }
 
 /// Refuses a component that does not export `world`'s interface at a compatible version,
-/// or imports the host interface at an incompatible one.
+/// or imports the host interface at an incompatible one, or imports `wasi:http` (what a
+/// default componentize-js build does), saying how to build it without.
 pub(crate) fn check_world(
     engine: &Engine,
     component: &Component,
     world: World,
 ) -> Result<(), String> {
     let ty = component.component_type();
+    if let Some((http, _)) = ty
+        .imports(engine)
+        .find(|(n, _)| n.starts_with("wasi:http/"))
+    {
+        return Err(format!(
+            "imports `{http}`, but a plugin has no network, so maporl provides no wasi:http; \
+             a JavaScript plugin built with componentize-js imports it unless built without \
+             HTTP: `componentize-js ... --disable http fetch-event` (jco: `jco componentize \
+             ... --disable http fetch-event`)"
+        ));
+    }
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let want = world.export_interface();
     let found = exports
