@@ -31,9 +31,13 @@
 //! scripts/bench_plugins.py), MAPORL_BENCH_RESTARTS (timed restarts per plugin, a tenth of
 //! the calls but at least 20; set it low when profiling the calls), MAPORL_BENCH_TEXTLESS
 //! (set: every utterance's text is emptied, a projection of what the calls would cost if
-//! the transcript carried no texts; the verifiers' rows then score empty responses).
+//! the transcript carried no texts; the verifiers' rows then score empty responses),
+//! MAPORL_BENCH_PYTHON (a directory with the Python SDK's builds of plugins/python's debate,
+//! gsm8k and influence: their calls are timed beside the Rust components', on the same
+//! payloads with the outputs checked equal, with a restart and a load that compiles and one
+//! from the cache: a second table, and `python` in the JSON).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -866,6 +870,11 @@ fn main() -> anyhow::Result<()> {
         });
     }
 
+    let python = match std::env::var_os("MAPORL_BENCH_PYTHON") {
+        Some(dir) => python_rows(Path::new(&dir), &path, &p, &timer, &restart_timer)?,
+        None => Vec::new(),
+    };
+
     // --- output -------------------------------------------------------------------------
     println!(
         "{:<12} {:<14} {:>17} {:>17} {:>9} {:>10}",
@@ -888,6 +897,31 @@ fn main() -> anyhow::Result<()> {
             r.fuel.map_or("-".into(), |f| f.to_string())
         );
     }
+    if !python.is_empty() {
+        println!(
+            "\n{:<10} {:<16} {:>17} {:>17} {:>8} {:>11} {:>11}",
+            "plugin",
+            "call",
+            "Rust med/p99 us",
+            "Python med/p99 us",
+            "Py/Rust",
+            "Rust fuel",
+            "Py fuel"
+        );
+        for r in &python {
+            let both = |s: &Stats| format!("{} / {}", fmt_us(s.median_ns), fmt_us(s.p99_ns));
+            println!(
+                "{:<10} {:<16} {:>17} {:>17} {:>7.1}x {:>11} {:>11}",
+                r.plugin,
+                r.call,
+                both(&r.rust),
+                both(&r.python),
+                r.python.median_ns / r.rust.median_ns,
+                r.fuel.0.map_or("-".into(), |f| f.to_string()),
+                r.fuel.1.map_or("-".into(), |f| f.to_string()),
+            );
+        }
+    }
     println!(
         "clock: {:.0} ns per timed span (median; included in every number above)",
         clock.median_ns
@@ -908,9 +942,196 @@ fn main() -> anyhow::Result<()> {
                 "fuel": r.fuel,
                 "case": r.case,
             })).collect::<Vec<_>>(),
+            "python": python.iter().map(|r| json!({
+                "plugin": r.plugin,
+                "call": r.call,
+                "rust": stats_json(&r.rust),
+                "python": stats_json(&r.python),
+                "fuel": [r.fuel.0, r.fuel.1],
+            })).collect::<Vec<_>>(),
         });
         std::fs::write(&out, serde_json::to_string(&doc)?)?;
         eprintln!("wrote {}", PathBuf::from(out).display());
     }
     Ok(())
+}
+
+/// One call timed on the Rust component and on its Python port.
+struct PythonRow {
+    plugin: &'static str,
+    call: &'static str,
+    rust: Stats,
+    python: Stats,
+    /// Fuel of the last call: Rust, Python.
+    fuel: (Option<u64>, Option<u64>),
+}
+
+/// The Python components in `dir` beside the Rust ones (`rust(name)`): each call on the same
+/// payloads (the outputs must be equal), a restart, and a load that compiles and one that
+/// reads the compiled-component cache (one sample each).
+fn python_rows(
+    dir: &Path,
+    rust: &dyn Fn(&str) -> PathBuf,
+    p: &Payloads,
+    timer: &Timer,
+    restart_timer: &Timer,
+) -> anyhow::Result<Vec<PythonRow>> {
+    let python = |name: &str| {
+        let f = dir.join(format!("{name}.wasm"));
+        assert!(
+            f.is_file(),
+            "{} is missing: build it with `python3 -m maporl_plugin build \
+             plugins/python/{name}/app.py --world WORLD -o {}` (in plugins/sdk-python)",
+            f.display(),
+            f.display()
+        );
+        f
+    };
+    let runtime = |cache_dir: Option<PathBuf>| {
+        Runtime::new(RuntimeOptions {
+            cache_dir,
+            seed: 0,
+            log: Arc::new(|_, _, _| {}),
+            judge: None,
+        })
+    };
+    let rt = runtime(None)?;
+    let limits = Limits::default();
+    let mut rows = Vec::new();
+    let once = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<Stats> {
+        let t = Instant::now();
+        f()?;
+        Ok(stats(vec![t.elapsed().as_nanos() as u64]))
+    };
+    // Loads of the verifier: compiling (no cache), then from a fresh cache's second load.
+    let mut loads = Vec::new();
+    for file in [rust("gsm8k"), python("gsm8k")] {
+        let compiled = once(&mut || {
+            Verifier::load(&rt, &file, &json!({}), &limits)?;
+            Ok(())
+        })?;
+        let cache = tempfile::tempdir()?;
+        let cached_rt = runtime(Some(cache.path().to_path_buf()))?;
+        Verifier::load(&cached_rt, &file, &json!({}), &limits)?;
+        let cached = once(&mut || {
+            Verifier::load(&cached_rt, &file, &json!({}), &limits)?;
+            Ok(())
+        })?;
+        loads.push((compiled, cached));
+    }
+    let (rust_loads, py_loads) = (loads.remove(0), loads.remove(0));
+    rows.push(PythonRow {
+        plugin: "gsm8k",
+        call: "load, compiling",
+        rust: rust_loads.0,
+        python: py_loads.0,
+        fuel: (None, None),
+    });
+    rows.push(PythonRow {
+        plugin: "gsm8k",
+        call: "load, cached",
+        rust: rust_loads.1,
+        python: py_loads.1,
+        fuel: (None, None),
+    });
+
+    let seen = before(&p.debate, 3);
+    let mut protocols =
+        [rust("debate"), python("debate")].map(|f| Protocol::load(&rt, &f, &json!({}), &limits));
+    let [Ok(rs), Ok(py)] = &mut protocols else {
+        anyhow::bail!("loading the debate protocols failed");
+    };
+    assert_eq!(
+        rs.plan_turn(&p.gsm8k, 3, &seen)?,
+        py.plan_turn(&p.gsm8k, 3, &seen)?,
+        "debate plan-turn: Python != Rust"
+    );
+    assert_eq!(
+        rs.decide(&p.gsm8k, 3, &p.debate)?,
+        py.decide(&p.gsm8k, 3, &p.debate)?
+    );
+    let mut both = |call, f: &mut dyn FnMut(&mut Protocol)| {
+        let rust = timer.time(|| f(rs));
+        let rust_fuel = rs.fuel_used();
+        let python = timer.time(|| f(py));
+        rows.push(PythonRow {
+            plugin: "debate",
+            call,
+            rust,
+            python,
+            fuel: (Some(rust_fuel), Some(py.fuel_used())),
+        });
+    };
+    both("plan_turn t=3", &mut |x| {
+        x.plan_turn(&p.gsm8k, 3, &seen).unwrap();
+    });
+    both("decide t=3", &mut |x| {
+        x.decide(&p.gsm8k, 3, &p.debate).unwrap();
+    });
+    both("restart", &mut |x| {
+        x.restart(7).unwrap();
+    });
+
+    let texts = texts_at(&p.debate, 1);
+    let mut verifiers =
+        [rust("gsm8k"), python("gsm8k")].map(|f| Verifier::load(&rt, &f, &json!({}), &limits));
+    let [Ok(rs), Ok(py)] = &mut verifiers else {
+        anyhow::bail!("loading the gsm8k verifiers failed");
+    };
+    assert_eq!(rs.score(&p.gsm8k, &texts)?, py.score(&p.gsm8k, &texts)?);
+    let mut both = |call, f: &mut dyn FnMut(&mut Verifier)| {
+        let rust = timer.time(|| f(rs));
+        let rust_fuel = rs.fuel_used();
+        let python = timer.time(|| f(py));
+        rows.push(PythonRow {
+            plugin: "gsm8k",
+            call,
+            rust,
+            python,
+            fuel: (Some(rust_fuel), Some(py.fuel_used())),
+        });
+    };
+    both("score 3", &mut |x| {
+        x.score(&p.gsm8k, &texts).unwrap();
+    });
+    both("extract", &mut |x| {
+        x.extract(&p.gsm8k, &texts[0]).unwrap();
+    });
+
+    let mut shapers = [rust("influence"), python("influence")]
+        .map(|f| RewardShaper::load(&rt, &f, &json!({}), &limits));
+    let [Ok(rs), Ok(py)] = &mut shapers else {
+        anyhow::bail!("loading the influence shapers failed");
+    };
+    assert_eq!(
+        rs.shape(&p.gsm8k, &p.debate)?,
+        py.shape(&p.gsm8k, &p.debate)?
+    );
+    let rust = timer.time(|| rs.shape(&p.gsm8k, &p.debate).unwrap());
+    let rust_fuel = rs.fuel_used();
+    let python = timer.time(|| py.shape(&p.gsm8k, &p.debate).unwrap());
+    rows.push(PythonRow {
+        plugin: "influence",
+        call: "shape 3x3",
+        rust,
+        python,
+        fuel: (Some(rust_fuel), Some(py.fuel_used())),
+    });
+    let mut epoch = 0;
+    let rust = restart_timer.time(|| {
+        epoch += 1;
+        rs.restart(epoch).unwrap()
+    });
+    let python = restart_timer.time(|| {
+        epoch += 1;
+        py.restart(epoch).unwrap()
+    });
+    rows.push(PythonRow {
+        plugin: "influence",
+        call: "restart",
+        rust,
+        python,
+        fuel: (None, None),
+    });
+    Ok(rows)
 }
