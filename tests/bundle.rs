@@ -438,6 +438,15 @@ fn pack_records_a_declared_source_and_verify_holds_the_manifest_to_it() {
             && err.contains(&format!("the component declares {source}")),
         "{err}"
     );
+    // What the manifest says is checked before it is shown.
+    edit_manifest(&dir, |m| {
+        m.components[0].source_sha256 = Some("\x1b[2Jfake".into())
+    });
+    let err = format!("{:#}", bundle::verify(&rt, &dir, &policy).unwrap_err());
+    assert!(
+        err.contains("is not 64 lower-case hex digits") && !err.contains('\x1b'),
+        "{err:?}"
+    );
 }
 
 #[test]

@@ -136,6 +136,15 @@ impl Manifest {
                     c.sha256
                 );
             }
+            if let Some(source) = &c.source_sha256 {
+                let hex = source.len() == 64
+                    && source
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                if !hex {
+                    bail!("{at}: source_sha256 = {source:?} is not 64 lower-case hex digits");
+                }
+            }
             if !files.insert(c.file.clone()) {
                 bail!("{at}: the file is listed twice");
             }
