@@ -411,7 +411,7 @@ fn pack_records_a_declared_source_and_verify_holds_the_manifest_to_it() {
     let bytes = std::fs::read(dir.join("gsm8k.wasm")).unwrap();
     std::fs::write(
         dir.join("gsm8k.wasm"),
-        with_custom_section(&bytes, "maporl:source", source.as_bytes()),
+        maporl::plugin::source::with_section(&bytes, "maporl:source", source.as_bytes()),
     )
     .unwrap();
     let packed = bundle::pack(&rt, &dir, &NewBundle::default()).unwrap();

@@ -540,8 +540,8 @@ fn a_resume_accepts_a_plugin_rebuilt_from_the_same_source() {
     let source = |s: char| s.to_string().repeat(64);
     // A build's bytes differ (here: a build id) while its source stays.
     let build = |id: &[u8], src: &str| {
-        let b = with_custom_section(&base, "build-id", id);
-        let b = with_custom_section(&b, "maporl:source", src.as_bytes());
+        let b = maporl::plugin::source::with_section(&base, "build-id", id);
+        let b = maporl::plugin::source::with_section(&b, "maporl:source", src.as_bytes());
         std::fs::write(plugins.join("influence.wasm"), b).unwrap();
     };
     let env = [("MAPORL_PLUGINS", plugins.to_str().unwrap())];

@@ -650,27 +650,3 @@ pub fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     }
     out
 }
-
-/// `component` with a custom section appended at its top level (what the Python SDK's build
-/// does to record `maporl:source`).
-pub fn with_custom_section(component: &[u8], name: &str, contents: &[u8]) -> Vec<u8> {
-    fn leb(mut v: usize, out: &mut Vec<u8>) {
-        loop {
-            let b = (v & 0x7f) as u8;
-            v >>= 7;
-            out.push(if v == 0 { b } else { b | 0x80 });
-            if v == 0 {
-                return;
-            }
-        }
-    }
-    let mut payload = Vec::new();
-    leb(name.len(), &mut payload);
-    payload.extend_from_slice(name.as_bytes());
-    payload.extend_from_slice(contents);
-    let mut out = component.to_vec();
-    out.push(0);
-    leb(payload.len(), &mut out);
-    out.extend_from_slice(&payload);
-    out
-}

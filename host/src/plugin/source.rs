@@ -91,9 +91,9 @@ fn leb_u32(bytes: &[u8], at: usize) -> Option<(u32, usize)> {
     None
 }
 
-/// Appends a custom section (what the SDKs' build commands do, in their own language).
-#[cfg(test)]
-pub(crate) fn with_section(bytes: &[u8], name: &str, contents: &[u8]) -> Vec<u8> {
+/// `bytes` (a module or component) with a custom section appended at its top level: what
+/// the Python SDK's build does to record `maporl:source`, for a build written in Rust.
+pub fn with_section(bytes: &[u8], name: &str, contents: &[u8]) -> Vec<u8> {
     fn leb(mut v: usize, out: &mut Vec<u8>) {
         loop {
             let b = (v & 0x7f) as u8;
