@@ -649,6 +649,99 @@ fn python_scaffolds_pass_their_tests_and_a_shaper_builds_and_trains() {
         .output()
         .unwrap();
     assert!(built.status.success(), "{}", stderr(&built));
+    a_built_shaper_checks_answers_and_trains(work.path(), &wasm);
+}
+
+/// `plugin new --lang js`: each kind's scaffold passes its own tests natively (`node
+/// --test`) and vendors the JavaScript SDK with this host's contract; the reward shaper builds
+/// (with the repository's build tools in place of its `npm install`), checks, answers the
+/// printed example, and trains a step of the quickstart in place of `influence`.
+#[test]
+fn js_scaffolds_pass_their_tests_and_a_shaper_builds_and_trains() {
+    let work = tempfile::tempdir().unwrap();
+    for (kind, name, world) in [
+        ("protocol", "my-protocol", "protocol"),
+        ("verifier", "my-verifier", "verifier"),
+        ("reward-shaper", "my-shaper", "reward-shaper"),
+    ] {
+        let dir = work.path().join(name);
+        let out = maporl(&[
+            "plugin",
+            "new",
+            kind,
+            name,
+            "--lang",
+            "js",
+            "--path",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let steps = stdout(&out);
+        for step in [
+            "npm test".to_string(),
+            "npm install".to_string(),
+            "npm run build".to_string(),
+            format!(
+                "maporl plugin check {}/{}.wasm --world {world}",
+                dir.display(),
+                name.replace('-', "_")
+            ),
+        ] {
+            assert!(steps.contains(&step), "{step}:\n{steps}");
+        }
+        let package = std::fs::read_to_string(dir.join("package.json")).unwrap();
+        assert!(
+            package.contains(&format!(
+                "build.mjs app.js --world {world} -o {}.wasm",
+                name.replace('-', "_")
+            )),
+            "{package}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("maporl-plugin/wit/maporl.wit")).unwrap(),
+            maporl::plugin::WIT
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("maporl-plugin/worlds.js")).unwrap(),
+            std::fs::read_to_string(repo().join("plugins/sdk-js/maporl-plugin/worlds.js")).unwrap(),
+        );
+        let tests = Command::new("node")
+            .arg("--test")
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            tests.status.success() && stdout(&tests).contains("# pass 1"),
+            "{name}: {}{}",
+            stdout(&tests),
+            stderr(&tests)
+        );
+    }
+    let dir = work.path().join("my-shaper");
+    std::os::unix::fs::symlink(
+        repo().join("plugins/sdk-js/node_modules"),
+        dir.join("node_modules"),
+    )
+    .unwrap();
+    let wasm = dir.join("my_shaper.wasm");
+    let built = Command::new("npm")
+        .args(["run", "build:quickjs"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success() && wasm.is_file(),
+        "{}{} (are the SDK's packages installed? `npm ci --prefix plugins/sdk-js`)",
+        stdout(&built),
+        stderr(&built)
+    );
+    a_built_shaper_checks_answers_and_trains(work.path(), &wasm);
+}
+
+/// A reward shaper a scaffold built passes `plugin check`, answers `plugin call --example
+/// shape`, and trains a step of the quickstart (a tiny random model, in `work`) in place of
+/// `influence`, with `bonus` set.
+fn a_built_shaper_checks_answers_and_trains(work: &std::path::Path, wasm: &std::path::Path) {
     let out = maporl(&[
         "plugin",
         "check",
@@ -669,10 +762,10 @@ fn python_scaffolds_pass_their_tests_and_a_shaper_builds_and_trains() {
     assert!(called.status.success(), "{}", stderr(&called));
     assert!(stdout(&called).contains("\"score\""), "{}", stdout(&called));
 
-    let model = work.path().join("tiny-qwen2");
+    let model = work.join("tiny-qwen2");
     std::fs::create_dir(&model).unwrap();
     write_tiny_qwen2(&model);
-    let run = work.path().join("run");
+    let run = work.join("run");
     let out = maporl(&[
         "train",
         "--config",

@@ -31,7 +31,8 @@ pub enum PluginCommand {
         world: String,
     },
     /// Create a plugin that builds with one command and passes its own test: a Rust crate
-    /// on the Rust SDK, or with `--lang python` a Python module on the Python SDK.
+    /// on the Rust SDK, with `--lang python` a Python module on the Python SDK, with `--lang
+    /// js` a JavaScript module on the JavaScript SDK.
     New {
         kind: Kind,
         /// The plugin's name, e.g. `my-protocol`.
@@ -74,6 +75,7 @@ pub enum Kind {
 pub enum Lang {
     Rust,
     Python,
+    Js,
 }
 
 pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
@@ -154,6 +156,10 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
                 Lang::Python => {
                     scaffold_python(kind, &name, &dir)?;
                     print!("{}", next_steps_python(kind, &name, &dir));
+                }
+                Lang::Js => {
+                    scaffold_js(kind, &name, &dir)?;
+                    print!("{}", next_steps_js(kind, &name, &dir));
                 }
             }
             Ok(())
@@ -254,6 +260,30 @@ fn next_steps_python(kind: Kind, name: &str, dir: &Path) -> String {
          \x20 maporl train --config configs/quickstart.toml --set plugins.{section}.path={wasm}\n\
          (settings: --set 'plugins.{section}.settings={{...}}'; the guide: \
          docs/guides/python-plugins.md; limits: docs/security.md)\n"
+    )
+}
+
+/// What to do after `plugin new --lang js`: the same loop, built with the JavaScript SDK.
+fn next_steps_js(kind: Kind, name: &str, dir: &Path) -> String {
+    let (world, section, func) = match kind {
+        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
+        Kind::Verifier => ("verifier", "verifier", "score"),
+        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
+    };
+    let d = dir.display();
+    let wasm = format!("{d}/{}.wasm", name.replace('-', "_"));
+    format!(
+        "created {d}, a {world} plugin in JavaScript. Next:\n\
+         \x20 cd {d} && npm test                    # its own tests, natively (Node.js 20+)\n\
+         \x20 npm install                                         # once: the build tools\n\
+         \x20 npm run build                                       # the component (in {d})\n\
+         \x20                                                     # (`npm run build:quickjs`: on QuickJS)\n\
+         \x20 maporl plugin check {wasm} --world {world}\n\
+         \x20 maporl plugin call --example {func} > input.json    # a valid input to edit\n\
+         \x20 maporl plugin call {wasm} {func} --input @input.json\n\
+         \x20 maporl train --config configs/quickstart.toml --set plugins.{section}.path={wasm}\n\
+         (settings: --set 'plugins.{section}.settings={{...}}'; the guide: \
+         docs/guides/js-plugins.md; limits: docs/security.md)\n"
     )
 }
 
@@ -504,6 +534,102 @@ pub fn scaffold_python(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()>
         (file, text)
     });
     for (file, text) in templates.chain(python_sdk_files()) {
+        let target = dir.join(file);
+        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// The JavaScript SDK (plugins/sdk-js/maporl-plugin), file by file, as `plugin new --lang
+/// js` vendors it; its contract is this host's `wit/maporl.wit`.
+fn js_sdk_files() -> Vec<(&'static str, String)> {
+    macro_rules! sdk {
+        ($($file:literal),* $(,)?) => {
+            vec![$((
+                concat!("maporl-plugin/", $file),
+                include_str!(concat!("../../../plugins/sdk-js/maporl-plugin/", $file))
+                    .to_string(),
+            )),*]
+        };
+    }
+    let mut files = sdk!(
+        "answers.js",
+        "build.mjs",
+        "component.js",
+        "host.js",
+        "index.js",
+        "prompts.js",
+        "reward.js",
+        "text.js",
+        "transcript.js",
+        "types.js",
+        "worlds.js",
+    );
+    files.push(("maporl-plugin/wit/maporl.wit", plugin::WIT.to_string()));
+    files
+}
+
+/// The files of a new JavaScript plugin, per kind: (path, template text).
+fn js_templates(kind: Kind) -> [(&'static str, &'static str); 5] {
+    macro_rules! kind_templates {
+        ($dir:literal) => {
+            [
+                (
+                    "app.js",
+                    include_str!(concat!(
+                        "../../../plugins/templates/js/",
+                        $dir,
+                        "/app.js.tmpl"
+                    )),
+                ),
+                (
+                    "app.test.js",
+                    include_str!(concat!(
+                        "../../../plugins/templates/js/",
+                        $dir,
+                        "/app.test.js.tmpl"
+                    )),
+                ),
+                (
+                    "package.json",
+                    include_str!("../../../plugins/templates/js/package.json.tmpl"),
+                ),
+                (
+                    ".gitignore",
+                    include_str!("../../../plugins/templates/js/.gitignore"),
+                ),
+                (
+                    "README.md",
+                    include_str!("../../../plugins/templates/js/README.md.tmpl"),
+                ),
+            ]
+        };
+    }
+    match kind {
+        Kind::Protocol => kind_templates!("protocol"),
+        Kind::Verifier => kind_templates!("verifier"),
+        Kind::RewardShaper => kind_templates!("reward-shaper"),
+    }
+}
+
+/// Writes a new JavaScript plugin for `kind` named `name` into `dir`, with the JavaScript SDK.
+pub fn scaffold_js(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
+    let lib_name = check_new(name, dir)?;
+    let world = match kind {
+        Kind::Protocol => "protocol",
+        Kind::Verifier => "verifier",
+        Kind::RewardShaper => "reward-shaper",
+    };
+    let templates = js_templates(kind).into_iter().map(|(file, text)| {
+        let text = text
+            .replace("{{name}}", name)
+            .replace("{{lib_name}}", &lib_name)
+            .replace("{{world}}", world);
+        (file, text)
+    });
+    for (file, text) in templates.chain(js_sdk_files()) {
         let target = dir.join(file);
         std::fs::create_dir_all(target.parent().expect("files are inside dir"))
             .with_context(|| format!("creating {}", dir.display()))?;
