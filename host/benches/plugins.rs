@@ -35,7 +35,10 @@
 //! MAPORL_BENCH_PYTHON (a directory with the Python SDK's builds of plugins/python's debate,
 //! gsm8k and influence: their calls are timed beside the Rust components', on the same
 //! payloads with the outputs checked equal, with a restart and a load that compiles and one
-//! from the cache: a second table, and `python` in the JSON).
+//! from the cache: a second table, and `ports.python` in the JSON), MAPORL_BENCH_JS (the
+//! same for the JavaScript SDK's builds of plugins/js's, a directory holding `spidermonkey/`
+//! and `quickjs/`, as tests/js_plugins.rs builds them into plugins/target/js: a table per
+//! engine, `ports.js-spidermonkey` and `ports.js-quickjs`).
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -870,10 +873,21 @@ fn main() -> anyhow::Result<()> {
         });
     }
 
-    let python = match std::env::var_os("MAPORL_BENCH_PYTHON") {
-        Some(dir) => python_rows(Path::new(&dir), &path, &p, &timer, &restart_timer)?,
-        None => Vec::new(),
-    };
+    // Ports of the reference plugins to other languages: (key, column label, directory).
+    let mut port_dirs = Vec::new();
+    if let Some(dir) = std::env::var_os("MAPORL_BENCH_PYTHON") {
+        port_dirs.push(("python", "Python", PathBuf::from(dir)));
+    }
+    if let Some(dir) = std::env::var_os("MAPORL_BENCH_JS") {
+        let dir = PathBuf::from(dir);
+        port_dirs.push(("js-spidermonkey", "JS-SM", dir.join("spidermonkey")));
+        port_dirs.push(("js-quickjs", "JS-QJS", dir.join("quickjs")));
+    }
+    let mut ports = Vec::new();
+    for (key, label, dir) in port_dirs {
+        let rows = port_rows(label, &dir, &path, &p, &timer, &restart_timer)?;
+        ports.push((key, label, rows));
+    }
 
     // --- output -------------------------------------------------------------------------
     println!(
@@ -897,26 +911,26 @@ fn main() -> anyhow::Result<()> {
             r.fuel.map_or("-".into(), |f| f.to_string())
         );
     }
-    if !python.is_empty() {
+    for (_, label, rows) in &ports {
         println!(
             "\n{:<10} {:<16} {:>17} {:>17} {:>8} {:>11} {:>11}",
             "plugin",
             "call",
             "Rust med/p99 us",
-            "Python med/p99 us",
-            "Py/Rust",
+            format!("{label} med/p99 us"),
+            "x Rust",
             "Rust fuel",
-            "Py fuel"
+            format!("{label} fuel"),
         );
-        for r in &python {
+        for r in rows {
             let both = |s: &Stats| format!("{} / {}", fmt_us(s.median_ns), fmt_us(s.p99_ns));
             println!(
                 "{:<10} {:<16} {:>17} {:>17} {:>7.1}x {:>11} {:>11}",
                 r.plugin,
                 r.call,
                 both(&r.rust),
-                both(&r.python),
-                r.python.median_ns / r.rust.median_ns,
+                both(&r.port),
+                r.port.median_ns / r.rust.median_ns,
                 r.fuel.0.map_or("-".into(), |f| f.to_string()),
                 r.fuel.1.map_or("-".into(), |f| f.to_string()),
             );
@@ -942,13 +956,13 @@ fn main() -> anyhow::Result<()> {
                 "fuel": r.fuel,
                 "case": r.case,
             })).collect::<Vec<_>>(),
-            "python": python.iter().map(|r| json!({
+            "ports": ports.iter().map(|(key, _, rows)| (key.to_string(), rows.iter().map(|r| json!({
                 "plugin": r.plugin,
                 "call": r.call,
                 "rust": stats_json(&r.rust),
-                "python": stats_json(&r.python),
+                "port": stats_json(&r.port),
                 "fuel": [r.fuel.0, r.fuel.1],
-            })).collect::<Vec<_>>(),
+            })).collect::<Value>())).collect::<serde_json::Map<_, _>>(),
         });
         std::fs::write(&out, serde_json::to_string(&doc)?)?;
         eprintln!("wrote {}", PathBuf::from(out).display());
@@ -956,34 +970,35 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One call timed on the Rust component and on its Python port.
-struct PythonRow {
+/// One call timed on the Rust component and on its port to another language.
+struct PortRow {
     plugin: &'static str,
     call: &'static str,
     rust: Stats,
-    python: Stats,
-    /// Fuel of the last call: Rust, Python.
+    port: Stats,
+    /// Fuel of the last call: Rust, the port.
     fuel: (Option<u64>, Option<u64>),
 }
 
-/// The Python components in `dir` beside the Rust ones (`rust(name)`): each call on the same
-/// payloads (the outputs must be equal), a restart, and a load that compiles and one that
-/// reads the compiled-component cache (one sample each).
-fn python_rows(
+/// The ports' components in `dir` (debate, gsm8k and influence, in Python or JavaScript)
+/// beside the Rust ones (`rust(name)`): each call on the same payloads (the outputs must be
+/// equal), a restart, and a load that compiles and one that reads the compiled-component
+/// cache (one sample each).
+fn port_rows(
+    label: &str,
     dir: &Path,
     rust: &dyn Fn(&str) -> PathBuf,
     p: &Payloads,
     timer: &Timer,
     restart_timer: &Timer,
-) -> anyhow::Result<Vec<PythonRow>> {
-    let python = |name: &str| {
+) -> anyhow::Result<Vec<PortRow>> {
+    let port = |name: &str| {
         let f = dir.join(format!("{name}.wasm"));
         assert!(
             f.is_file(),
-            "{} is missing: build it with `python3 -m maporl_plugin build \
-             plugins/python/{name}/app.py --world WORLD -o {}` (in plugins/sdk-python)",
+            "{label}: {} is missing: the tests build it (tests/python_plugins.rs into \
+             plugins/target/python, tests/js_plugins.rs into plugins/target/js/ENGINE)",
             f.display(),
-            f.display()
         );
         f
     };
@@ -1005,7 +1020,7 @@ fn python_rows(
     };
     // Loads of the verifier: compiling (no cache), then from a fresh cache's second load.
     let mut loads = Vec::new();
-    for file in [rust("gsm8k"), python("gsm8k")] {
+    for file in [rust("gsm8k"), port("gsm8k")] {
         let compiled = once(&mut || {
             Verifier::load(&rt, &file, &json!({}), &limits)?;
             Ok(())
@@ -1019,47 +1034,47 @@ fn python_rows(
         })?;
         loads.push((compiled, cached));
     }
-    let (rust_loads, py_loads) = (loads.remove(0), loads.remove(0));
-    rows.push(PythonRow {
+    let (rust_loads, port_loads) = (loads.remove(0), loads.remove(0));
+    rows.push(PortRow {
         plugin: "gsm8k",
         call: "load, compiling",
         rust: rust_loads.0,
-        python: py_loads.0,
+        port: port_loads.0,
         fuel: (None, None),
     });
-    rows.push(PythonRow {
+    rows.push(PortRow {
         plugin: "gsm8k",
         call: "load, cached",
         rust: rust_loads.1,
-        python: py_loads.1,
+        port: port_loads.1,
         fuel: (None, None),
     });
 
     let seen = before(&p.debate, 3);
     let mut protocols =
-        [rust("debate"), python("debate")].map(|f| Protocol::load(&rt, &f, &json!({}), &limits));
-    let [Ok(rs), Ok(py)] = &mut protocols else {
+        [rust("debate"), port("debate")].map(|f| Protocol::load(&rt, &f, &json!({}), &limits));
+    let [Ok(rs), Ok(other)] = &mut protocols else {
         anyhow::bail!("loading the debate protocols failed");
     };
     assert_eq!(
         rs.plan_turn(&p.gsm8k, 3, &seen)?,
-        py.plan_turn(&p.gsm8k, 3, &seen)?,
-        "debate plan-turn: Python != Rust"
+        other.plan_turn(&p.gsm8k, 3, &seen)?,
+        "{label}: debate plan-turn differs from Rust's"
     );
     assert_eq!(
         rs.decide(&p.gsm8k, 3, &p.debate)?,
-        py.decide(&p.gsm8k, 3, &p.debate)?
+        other.decide(&p.gsm8k, 3, &p.debate)?
     );
     let mut both = |call, f: &mut dyn FnMut(&mut Protocol)| {
         let rust = timer.time(|| f(rs));
         let rust_fuel = rs.fuel_used();
-        let python = timer.time(|| f(py));
-        rows.push(PythonRow {
+        let theirs = timer.time(|| f(other));
+        rows.push(PortRow {
             plugin: "debate",
             call,
             rust,
-            python,
-            fuel: (Some(rust_fuel), Some(py.fuel_used())),
+            port: theirs,
+            fuel: (Some(rust_fuel), Some(other.fuel_used())),
         });
     };
     both("plan_turn t=3", &mut |x| {
@@ -1074,21 +1089,21 @@ fn python_rows(
 
     let texts = texts_at(&p.debate, 1);
     let mut verifiers =
-        [rust("gsm8k"), python("gsm8k")].map(|f| Verifier::load(&rt, &f, &json!({}), &limits));
-    let [Ok(rs), Ok(py)] = &mut verifiers else {
+        [rust("gsm8k"), port("gsm8k")].map(|f| Verifier::load(&rt, &f, &json!({}), &limits));
+    let [Ok(rs), Ok(other)] = &mut verifiers else {
         anyhow::bail!("loading the gsm8k verifiers failed");
     };
-    assert_eq!(rs.score(&p.gsm8k, &texts)?, py.score(&p.gsm8k, &texts)?);
+    assert_eq!(rs.score(&p.gsm8k, &texts)?, other.score(&p.gsm8k, &texts)?);
     let mut both = |call, f: &mut dyn FnMut(&mut Verifier)| {
         let rust = timer.time(|| f(rs));
         let rust_fuel = rs.fuel_used();
-        let python = timer.time(|| f(py));
-        rows.push(PythonRow {
+        let theirs = timer.time(|| f(other));
+        rows.push(PortRow {
             plugin: "gsm8k",
             call,
             rust,
-            python,
-            fuel: (Some(rust_fuel), Some(py.fuel_used())),
+            port: theirs,
+            fuel: (Some(rust_fuel), Some(other.fuel_used())),
         });
     };
     both("score 3", &mut |x| {
@@ -1098,39 +1113,39 @@ fn python_rows(
         x.extract(&p.gsm8k, &texts[0]).unwrap();
     });
 
-    let mut shapers = [rust("influence"), python("influence")]
+    let mut shapers = [rust("influence"), port("influence")]
         .map(|f| RewardShaper::load(&rt, &f, &json!({}), &limits));
-    let [Ok(rs), Ok(py)] = &mut shapers else {
+    let [Ok(rs), Ok(other)] = &mut shapers else {
         anyhow::bail!("loading the influence shapers failed");
     };
     assert_eq!(
         rs.shape(&p.gsm8k, &p.debate)?,
-        py.shape(&p.gsm8k, &p.debate)?
+        other.shape(&p.gsm8k, &p.debate)?
     );
     let rust = timer.time(|| rs.shape(&p.gsm8k, &p.debate).unwrap());
     let rust_fuel = rs.fuel_used();
-    let python = timer.time(|| py.shape(&p.gsm8k, &p.debate).unwrap());
-    rows.push(PythonRow {
+    let theirs = timer.time(|| other.shape(&p.gsm8k, &p.debate).unwrap());
+    rows.push(PortRow {
         plugin: "influence",
         call: "shape 3x3",
         rust,
-        python,
-        fuel: (Some(rust_fuel), Some(py.fuel_used())),
+        port: theirs,
+        fuel: (Some(rust_fuel), Some(other.fuel_used())),
     });
     let mut epoch = 0;
     let rust = restart_timer.time(|| {
         epoch += 1;
         rs.restart(epoch).unwrap()
     });
-    let python = restart_timer.time(|| {
+    let theirs = restart_timer.time(|| {
         epoch += 1;
-        py.restart(epoch).unwrap()
+        other.restart(epoch).unwrap()
     });
-    rows.push(PythonRow {
+    rows.push(PortRow {
         plugin: "influence",
         call: "restart",
         rust,
-        python,
+        port: theirs,
         fuel: (None, None),
     });
     Ok(rows)
