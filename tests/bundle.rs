@@ -449,6 +449,45 @@ fn pack_records_a_declared_source_and_verify_holds_the_manifest_to_it() {
     );
 }
 
+/// A bundle may carry a component over the default 64 MiB (a Python verifier on sympy is
+/// about 78 MB): it packs, verifies and installs; a run that loads it holds it to its own
+/// `limits.max_component_mib`, refusing it by default with the setting to raise and loading
+/// it with the cap raised.
+#[test]
+fn a_bundle_may_carry_a_component_over_64_mib_which_a_run_loads_with_its_cap_raised() {
+    let env = Env::new();
+    let (rt, _, _c) = runtime();
+    let dir = env.source("big", "0.1.0", &["gsm8k"]);
+    let bytes = std::fs::read(dir.join("gsm8k.wasm")).unwrap();
+    // 65 MiB of custom section: still the same verifier, over the default cap.
+    let padded = maporl::plugin::source::with_section(&bytes, "padding", &vec![0u8; 65 << 20]);
+    std::fs::write(dir.join("gsm8k.wasm"), &padded).unwrap();
+    bundle::pack(&rt, &dir, &NewBundle::default()).unwrap();
+    let policy = bundle::TrustPolicy {
+        trusted_keys: env.trusted(),
+        allow_unsigned: true,
+    };
+    let verified = bundle::verify(&rt, &dir, &policy).unwrap();
+    let store = bundle::Store::new(env.store());
+    let installed = store.install(&verified, false).unwrap().join("gsm8k.wasm");
+    assert_eq!(std::fs::read(&installed).unwrap().len(), padded.len());
+
+    let err = Verifier::load(&rt, &installed, &serde_json::json!({}), &Limits::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("limits.max_component_mib"), "{err}");
+    let raised = Limits {
+        max_component_mib: 128,
+        ..Limits::default()
+    };
+    let mut v = Verifier::load(&rt, &installed, &serde_json::json!({}), &raised).unwrap();
+    let verdicts = v
+        .score(&task("t", "gsm8k", "q", "7"), &["\\boxed{7}".into()])
+        .unwrap();
+    assert!(verdicts[0].correct);
+}
+
 #[test]
 fn a_component_of_the_wrong_world_is_refused() {
     let env = Env::new();
@@ -1773,7 +1812,7 @@ fn a_hostile_registrys_words_reach_the_terminal_escaped_and_cut_short() {
 
 #[test]
 fn layers_and_manifests_over_their_declared_size_or_cap_are_refused_leaving_nothing() {
-    use maporl::files::{COMPONENT_MAX, TEXT_MAX};
+    use maporl::files::{COMPONENT_CAP_MAX, COMPONENT_MAX, TEXT_MAX};
     let env = Env::new();
     let toml = b"[bundle]\n".to_vec();
     let toml_layer = (
@@ -1819,12 +1858,15 @@ fn layers_and_manifests_over_their_declared_size_or_cap_are_refused_leaving_noth
     // (what, the registry, what the error must say, whether a blob may be asked for)
     let cases: Vec<(&str, hostile::Server, &str, bool)> = vec![
         (
-            "a component over 64 MiB",
+            "a component over 1 GiB",
             registry_serving(
-                oci_manifest(&[wasm_of("a.wasm", COMPONENT_MAX + 1, 1), toml_layer.clone()]),
+                oci_manifest(&[
+                    wasm_of("a.wasm", COMPONENT_CAP_MAX + 1, 1),
+                    toml_layer.clone(),
+                ]),
                 vec![],
             ),
-            "over the limit of 64 MiB",
+            "over the limit of 1 GiB",
             false,
         ),
         (

@@ -5,7 +5,7 @@
 //!
 //! | what | limit |
 //! |---|---|
-//! | plugin components (`.wasm`, in bundles too) | [`COMPONENT_MAX`] = 64 MiB; a run's plugin up to its `limits.max_component_mib` (at most [`COMPONENT_CAP_MAX`] = 1 GiB) |
+//! | plugin components (`.wasm`) | a run's plugin: [`COMPONENT_MAX`] = 64 MiB, or its `limits.max_component_mib` (at most [`COMPONENT_CAP_MAX`] = 1 GiB); in a bundle (packed, verified, pulled), [`COMPONENT_CAP_MAX`]: the run that loads it still holds it to its limit |
 //! | compiled-component cache entries (`.cwasm`) | [`COMPILED_MAX`] = 512 MiB |
 //! | run configs, bundle manifests and signatures, lock and key files | [`TEXT_MAX`] = 4 MiB |
 //! | datasets and verifier data (JSONL, CSV) | [`DATASET_MAX`] = 2 GiB |

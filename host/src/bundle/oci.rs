@@ -23,7 +23,8 @@
 //! request has a whole-request deadline (`MAPORL_HTTP_TIMEOUT`, plus a layer's declared size
 //! at `MAPORL_HTTP_MIN_RATE`); a manifest is read up to [`MAX_MANIFEST`] bytes, lists at most
 //! [`MAX_LAYERS`] layers, each declaring a size within its kind's cap (a component's
-//! [`COMPONENT_MAX`], `bundle.toml`'s and its signature's [`TEXT_MAX`]) and all together
+//! [`COMPONENT_CAP_MAX`], the most a run may raise a plugin's cap to; `bundle.toml`'s and its
+//! signature's [`TEXT_MAX`]) and all together
 //! within [`MAX_PULL_BYTES`], all checked before a byte is downloaded. A layer streams into
 //! a temporary file in the pull's temporary directory, hashed on the way and never read
 //! past its declared size; a layer whose size or digest is not the declared one leaves
@@ -37,7 +38,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::files::{COMPONENT_MAX, TEXT_MAX};
+use crate::files::{COMPONENT_CAP_MAX, TEXT_MAX};
 use crate::net::{self, server_text, size_words, Deadline};
 
 use super::manifest::SIGNATURE;
@@ -62,7 +63,7 @@ const TOKEN_MAX: u64 = 1 << 20;
 /// The most a layer of `media_type` may weigh, and what to call it in messages.
 fn layer_cap(media_type: &str) -> (u64, &'static str) {
     match media_type {
-        WASM_LAYER_MEDIA_TYPE => (COMPONENT_MAX, "plugin component"),
+        WASM_LAYER_MEDIA_TYPE => (COMPONENT_CAP_MAX, "plugin component"),
         BUNDLE_SIGNATURE_MEDIA_TYPE => (TEXT_MAX, "bundle signature"),
         _ => (TEXT_MAX, "bundle manifest"),
     }

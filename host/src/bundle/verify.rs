@@ -118,7 +118,10 @@ pub fn check_signature(
 /// hash.
 pub fn check_hash(dir: &Path, file: &str, expected: &str) -> anyhow::Result<String> {
     let path = dir.join(file);
-    let bytes = crate::files::read_regular(&path, crate::files::COMPONENT_MAX, "bundle component")?;
+    // A bundle may hold components up to the most any run may raise its cap to; a run that
+    // loads one holds it to its own `limits.max_component_mib`.
+    let bytes =
+        crate::files::read_regular(&path, crate::files::COMPONENT_CAP_MAX, "bundle component")?;
     let actual = sha256_hex(&bytes);
     if actual != expected {
         bail!(

@@ -550,7 +550,7 @@ pub fn run(cmd: BundleCommand) -> anyhow::Result<()> {
 fn bundle_check_hash(dir: &Path, file: &str, sha256: &str) -> anyhow::Result<()> {
     let path = dir.join(file);
     let bytes =
-        maporl::files::read_regular(&path, maporl::files::COMPONENT_MAX, "bundle component")?;
+        maporl::files::read_regular(&path, maporl::files::COMPONENT_CAP_MAX, "bundle component")?;
     let actual = bundle::sha256_hex(&bytes);
     if actual != sha256 {
         bail!(
@@ -637,7 +637,7 @@ fn inspect(dir: &Path, json: bool, policy: &TrustPolicy) -> anyhow::Result<()> {
     for c in &m.components {
         let read = maporl::files::read_regular(
             &dir.join(&c.file),
-            maporl::files::COMPONENT_MAX,
+            maporl::files::COMPONENT_CAP_MAX,
             "bundle component",
         );
         let state = match read {
