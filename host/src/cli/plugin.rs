@@ -71,6 +71,17 @@ pub enum Kind {
     RewardShaper,
 }
 
+impl Kind {
+    /// The kind's world, its section in a run config's `[plugins]`, and a function to call.
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Kind::Protocol => ("protocol", "protocol", "plan-turn"),
+            Kind::Verifier => ("verifier", "verifier", "score"),
+            Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Lang {
     Rust,
@@ -219,11 +230,7 @@ fn needs(ins: &plugin::Inspection) -> String {
 /// What to do after `plugin new`: the whole loop from building the component to a run that
 /// uses it.
 fn next_steps(kind: Kind, name: &str, dir: &Path) -> String {
-    let (world, section, func) = match kind {
-        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
-        Kind::Verifier => ("verifier", "verifier", "score"),
-        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
-    };
+    let (world, section, func) = kind.names();
     let lib = name.replace('-', "_");
     let d = dir.display();
     let wasm = format!("{d}/target/wasm32-wasip2/release/{lib}.wasm");
@@ -242,11 +249,7 @@ fn next_steps(kind: Kind, name: &str, dir: &Path) -> String {
 
 /// What to do after `plugin new --lang python`: the same loop, built with the Python SDK.
 fn next_steps_python(kind: Kind, name: &str, dir: &Path) -> String {
-    let (world, section, func) = match kind {
-        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
-        Kind::Verifier => ("verifier", "verifier", "score"),
-        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
-    };
+    let (world, section, func) = kind.names();
     let d = dir.display();
     let wasm = format!("{d}/{}.wasm", name.replace('-', "_"));
     format!(
@@ -265,11 +268,7 @@ fn next_steps_python(kind: Kind, name: &str, dir: &Path) -> String {
 
 /// What to do after `plugin new --lang js`: the same loop, built with the JavaScript SDK.
 fn next_steps_js(kind: Kind, name: &str, dir: &Path) -> String {
-    let (world, section, func) = match kind {
-        Kind::Protocol => ("protocol", "protocol", "plan-turn"),
-        Kind::Verifier => ("verifier", "verifier", "score"),
-        Kind::RewardShaper => ("reward-shaper", "shaper", "shape"),
-    };
+    let (world, section, func) = kind.names();
     let d = dir.display();
     let wasm = format!("{d}/{}.wasm", name.replace('-', "_"));
     format!(
@@ -434,22 +433,11 @@ fn check_new(name: &str, dir: &Path) -> anyhow::Result<String> {
 /// Writes a new plugin crate for `kind` named `name` into `dir`, with the host's WIT.
 pub fn scaffold(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     let lib_name = check_new(name, dir)?;
-    for (file, text) in templates(kind) {
-        let target = dir.join(file);
-        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
-            .with_context(|| format!("creating {}", dir.display()))?;
-        let text = text
-            .replace("{{name}}", name)
-            .replace("{{lib_name}}", &lib_name);
-        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
-    }
-    for (file, text) in sdk_files() {
-        let target = dir.join("vendor/maporl-plugin").join(file);
-        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
-            .with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
-    }
-    Ok(())
+    let templates = templates(kind)
+        .into_iter()
+        .map(|(file, text)| (file, fill(text, name, &lib_name, kind)));
+    write_files(dir, templates)?;
+    write_files(&dir.join("vendor/maporl-plugin"), sdk_files())
 }
 
 /// The Python SDK (plugins/sdk-python/maporl_plugin), file by file, as `plugin new --lang
@@ -527,19 +515,10 @@ fn python_templates(kind: Kind) -> [(&'static str, &'static str); 4] {
 /// Writes a new Python plugin for `kind` named `name` into `dir`, with the Python SDK.
 pub fn scaffold_python(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     let lib_name = check_new(name, dir)?;
-    let templates = python_templates(kind).into_iter().map(|(file, text)| {
-        let text = text
-            .replace("{{name}}", name)
-            .replace("{{lib_name}}", &lib_name);
-        (file, text)
-    });
-    for (file, text) in templates.chain(python_sdk_files()) {
-        let target = dir.join(file);
-        std::fs::create_dir_all(target.parent().expect("files are inside dir"))
-            .with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
-    }
-    Ok(())
+    let templates = python_templates(kind)
+        .into_iter()
+        .map(|(file, text)| (file, fill(text, name, &lib_name, kind)));
+    write_files(dir, templates.chain(python_sdk_files()))
 }
 
 /// The JavaScript SDK (plugins/sdk-js/maporl-plugin), file by file, as `plugin new --lang
@@ -617,19 +596,26 @@ fn js_templates(kind: Kind) -> [(&'static str, &'static str); 5] {
 /// Writes a new JavaScript plugin for `kind` named `name` into `dir`, with the JavaScript SDK.
 pub fn scaffold_js(kind: Kind, name: &str, dir: &Path) -> anyhow::Result<()> {
     let lib_name = check_new(name, dir)?;
-    let world = match kind {
-        Kind::Protocol => "protocol",
-        Kind::Verifier => "verifier",
-        Kind::RewardShaper => "reward-shaper",
-    };
-    let templates = js_templates(kind).into_iter().map(|(file, text)| {
-        let text = text
-            .replace("{{name}}", name)
-            .replace("{{lib_name}}", &lib_name)
-            .replace("{{world}}", world);
-        (file, text)
-    });
-    for (file, text) in templates.chain(js_sdk_files()) {
+    let templates = js_templates(kind)
+        .into_iter()
+        .map(|(file, text)| (file, fill(text, name, &lib_name, kind)));
+    write_files(dir, templates.chain(js_sdk_files()))
+}
+
+/// A template's text with the plugin's name, its identifier and its world filled in.
+fn fill(template: &str, name: &str, lib_name: &str, kind: Kind) -> String {
+    template
+        .replace("{{name}}", name)
+        .replace("{{lib_name}}", lib_name)
+        .replace("{{world}}", kind.names().0)
+}
+
+/// Writes each (path in `dir`, text), making the directories it needs.
+fn write_files(
+    dir: &Path,
+    files: impl IntoIterator<Item = (&'static str, String)>,
+) -> anyhow::Result<()> {
+    for (file, text) in files {
         let target = dir.join(file);
         std::fs::create_dir_all(target.parent().expect("files are inside dir"))
             .with_context(|| format!("creating {}", dir.display()))?;
