@@ -55,8 +55,13 @@ def latest(transcript: Transcript, agent: int, turn: int) -> Optional[Utterance]
 
 
 def mean_score(transcript: Transcript, turn: int) -> Optional[float]:
-    scores = [u.score for u in at_turn(transcript, turn)]
-    return sum(scores) / len(scores) if scores else None
+    # Added in order, as Rust adds: `sum()` of floats is compensated from Python 3.12 on
+    # (componentize-py 0.25.1 bundles 3.14), which can differ in the last bit.
+    total, n = 0.0, 0
+    for u in at_turn(transcript, turn):
+        total += u.score
+        n += 1
+    return total / n if n else None
 
 
 def majority(votes: Iterable[Optional[str]]) -> List[str]:

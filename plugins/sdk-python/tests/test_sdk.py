@@ -12,7 +12,7 @@ from maporl_plugin.answers import last_boxed, parse_integer
 from maporl_plugin.build import source_sha256, with_section
 from maporl_plugin.reward import f32, reward
 from maporl_plugin.text import split_whitespace, trim
-from maporl_plugin.transcript import majority
+from maporl_plugin.transcript import majority, mean_score
 
 
 class Demo(Verifier):
@@ -67,6 +67,15 @@ class Errors(unittest.TestCase):
 
 
 class Helpers(unittest.TestCase):
+
+    def test_a_turns_mean_adds_its_scores_in_order_as_rust_does(self):
+        # f32 scores whose in-order f64 sum differs in the last bit from the exactly rounded
+        # one (Python's `sum()` from 3.12 on, inside every componentize-py component).
+        scores = [3.343334181553359e-13, 0.6113917231559753, 7.232753350232268e-14]
+        t = Transcript(3, 1, [Utterance(1, a, "", "1", s) for a, s in enumerate(scores)])
+        self.assertEqual(mean_score(t, 1), ((scores[0] + scores[1]) + scores[2]) / 3)
+        self.assertEqual(mean_score(t, 1), 0.6113917231563819 / 3)
+        self.assertIsNone(mean_score(t, 2))
     def test_rewards_round_like_the_host(self):
         r = reward(1, 0, [("a", 0.1), ("b", 0.2)])
         self.assertEqual(r.parts, [("a", f32(0.1)), ("b", f32(0.2))])
