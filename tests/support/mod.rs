@@ -83,14 +83,6 @@ pub fn python_plugins_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let root = repo().join("plugins/python");
         let out = repo().join("plugins/target/python");
-        let newest_source = |dirs: &[PathBuf]| {
-            dirs.iter()
-                .flat_map(|d| walk(d))
-                .filter(|p| p.extension().is_some_and(|e| e == "py" || e == "wit"))
-                .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
-                .max()
-                .unwrap()
-        };
         // math-verify bundles packages `cargo xtask test` installs beside it.
         let site = out.join("math-verify-site");
         for (name, world) in [
@@ -102,9 +94,8 @@ pub fn python_plugins_dir() -> &'static Path {
             ("math-verify", "verifier"),
         ] {
             let wasm = out.join(format!("{name}.wasm"));
-            let source = newest_source(&[repo().join("plugins/sdk-python"), root.join(name)]);
-            let built = wasm.metadata().and_then(|m| m.modified()).ok();
-            if built.is_some_and(|b| b >= source) {
+            let sources = [repo().join("plugins/sdk-python"), root.join(name)];
+            if !older_than_sources(&wasm, &sources, &["py", "wit"]) {
                 continue;
             }
             let status = std::process::Command::new("python3")
@@ -149,18 +140,6 @@ pub fn js_plugins_dir(engine: &str) -> PathBuf {
     if built.iter().any(|e| e == engine) {
         return out;
     }
-    let newest_source = |dirs: &[PathBuf]| {
-        dirs.iter()
-            .flat_map(|d| walk(d))
-            .filter(|p| !p.components().any(|c| c.as_os_str() == "node_modules"))
-            .filter(|p| {
-                p.extension()
-                    .is_some_and(|e| e == "js" || e == "mjs" || e == "wit")
-            })
-            .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
-            .max()
-            .unwrap()
-    };
     for (name, world) in [
         ("debate", "protocol"),
         ("gsm8k", "verifier"),
@@ -168,9 +147,8 @@ pub fn js_plugins_dir(engine: &str) -> PathBuf {
         ("hostile", "verifier"),
     ] {
         let wasm = out.join(format!("{name}.wasm"));
-        let source = newest_source(&[repo().join("plugins/sdk-js/maporl-plugin"), root.join(name)]);
-        let modified = wasm.metadata().and_then(|m| m.modified()).ok();
-        if modified.is_some_and(|b| b >= source) {
+        let sources = [repo().join("plugins/sdk-js/maporl-plugin"), root.join(name)];
+        if !older_than_sources(&wasm, &sources, &["js", "mjs", "wit"]) {
             continue;
         }
         let status = std::process::Command::new("node")
@@ -188,6 +166,23 @@ pub fn js_plugins_dir(engine: &str) -> PathBuf {
     }
     built.push(engine.to_string());
     out
+}
+
+/// Whether `built` is missing or older than the newest file with one of `extensions` under
+/// `sources`: a component to build again.
+fn older_than_sources(built: &Path, sources: &[PathBuf], extensions: &[&str]) -> bool {
+    let newest = sources
+        .iter()
+        .flat_map(|d| walk(d))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| extensions.iter().any(|x| e == *x))
+        })
+        .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .max()
+        .expect("a plugin has sources");
+    let modified = built.metadata().and_then(|m| m.modified()).ok();
+    modified.is_none_or(|b| b < newest)
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
