@@ -1436,11 +1436,26 @@ fn a_connection_flood_is_capped_and_health_answers_while_saturated() {
     saturating.push(long(2, false));
     saturating.push(long(3, false));
     wait_for_health(&base, "queue_depth", 2);
-    // Those three and the probe itself.
-    wait_for_health(&base, "connections", 4);
-    // 13 half-sent heads reach the cap of 16.
+    // Those three and a probe kept alive, so that no slot is still being freed when the
+    // heads arrive: a probe that closes frees its slot some time after it was answered, and
+    // a head sent meanwhile would be taken over the cap while a later client found the slot.
+    let mut probe = connect(&base);
+    let t = Instant::now();
+    loop {
+        probe
+            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let (status, h) = response_of(&read_answer(&mut probe, bound));
+        assert_eq!(status, 200, "{h}");
+        if h["connections"].as_u64() == Some(4) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{h}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // 12 half-sent heads reach the cap of 16.
     let t0 = Instant::now();
-    let mut heads: Vec<TcpStream> = (0..13)
+    let mut heads: Vec<TcpStream> = (0..12)
         .map(|_| sent(&base, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"))
         .collect();
     let t = Instant::now();
