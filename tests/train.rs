@@ -313,6 +313,98 @@ fn maporl_trains_every_agent_and_single_trains_agent_zero() {
     );
 }
 
+/// `train.algorithm = "grpo"`: each question debated by a group (`group_size` debates of
+/// the 4 per step), no value head created, saved or reported; GRPO's own statistics in the
+/// metrics; the data cursor advances by questions; a run stopped after a step resumes to
+/// the bits of one that did not stop; and the settings GRPO cannot use are refused by name.
+#[test]
+fn grpo_trains_groups_without_a_critic_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let grpo = [
+        "--set",
+        "train.algorithm=grpo",
+        "--set",
+        "train.grpo.group_size=2",
+        "--set",
+        "debate.batch_size=4",
+        "--set",
+        "train.steps=3",
+    ];
+    let whole = dir.path().join("whole");
+    let lines = train(&whole, &model, &grpo);
+    assert_eq!(lines.len(), 3);
+    for line in &lines {
+        assert_eq!(line["tasks"], 4, "4 debates a step: {line}");
+        for (a, stats) in line["agents"].as_object().unwrap() {
+            assert!(stats.get("value_loss").is_none(), "agent {a}: {stats}");
+            let kl_loss = stats["kl_loss"].as_f64().unwrap();
+            assert!(kl_loss.is_finite() && kl_loss >= 0.0, "agent {a}: {stats}");
+            let zero = stats["zero_spread"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&zero), "agent {a}: {stats}");
+            assert!(stats["grad_norm"].as_f64().unwrap().is_finite(), "{stats}");
+        }
+    }
+    // 2 questions a step, each debated twice.
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(whole.join("checkpoints/step-000003/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["data_cursor"], 6, "{state}");
+    let saved = files(&whole.join("checkpoints/final"));
+    assert!(
+        saved.contains_key("agent-0/adapter_model.safetensors"),
+        "{:?}",
+        saved.keys()
+    );
+    assert!(
+        !saved.keys().any(|k| k.contains("value_head")),
+        "GRPO has no value head: {:?}",
+        saved.keys()
+    );
+    assert_ne!(
+        lines[2]["agents"]["0"]["kl"].as_f64().unwrap(),
+        0.0,
+        "the updates moved the policy"
+    );
+
+    let parts = dir.path().join("parts");
+    let out = run_train(
+        &parts,
+        &model,
+        &[&grpo[..], &["--stop-after", "1"]].concat(),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run_train(&parts, &model, &[&grpo[..], &["--resume"]].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(without_timings(&metrics(&parts)), without_timings(&lines));
+    assert_eq!(files(&parts.join("checkpoints/final")), saved);
+    assert_eq!(
+        files(&parts.join("checkpoints/step-000003")),
+        files(&whole.join("checkpoints/step-000003"))
+    );
+
+    for (set, says) in [
+        ("train.grpo.group_size=1", "train.grpo.group_size = 1"),
+        (
+            "train.grpo.group_size=3",
+            "debate.batch_size = 4 is not a multiple of train.grpo.group_size = 3",
+        ),
+        (
+            "train.value_heads=per-turn",
+            "train.value_heads = \"per-turn\"",
+        ),
+        ("train.mode=sft", "train.mode = \"sft\" runs no RL update"),
+    ] {
+        let run = dir.path().join("refused");
+        let out = run_train(&run, &model, &[&grpo[..], &["--set", set]].concat(), &[]);
+        assert!(!out.status.success(), "{set}");
+        assert!(text(&out).contains(says), "{set}: {}", text(&out));
+        assert!(!run.exists(), "{set}: a refused run writes nothing");
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),

@@ -11,8 +11,10 @@ pub use crate::debate::OnPluginError;
 use crate::files::expand_home;
 use crate::plugin::Limits;
 
+mod grpo;
 mod ppo;
 mod verifier;
+pub use grpo::{Algorithm, GrpoConfig};
 pub use ppo::{KlEstimator, PpoConfig};
 pub use verifier::{AnswerTurns, VerifierConfig, VerifierGenerateConfig, VerifierTrainConfig};
 
@@ -199,7 +201,11 @@ pub struct TrainConfig {
     pub turn2_steps: usize,
     /// The SFT baseline (mode "sft").
     pub sft: SftConfig,
+    /// "ppo" (the paper's) or "grpo" (critic-free, groups of debates of one question; see
+    /// `train.grpo`).
+    pub algorithm: Algorithm,
     pub ppo: PpoConfig,
+    pub grpo: GrpoConfig,
 }
 
 /// The paper's SFT baseline: off-the-shelf debates over the data, the best `top_fraction`
@@ -278,7 +284,9 @@ impl Default for TrainConfig {
             schedule: Schedule::Joint,
             turn2_steps: 0,
             sft: SftConfig::default(),
+            algorithm: Algorithm::Ppo,
             ppo: PpoConfig::default(),
+            grpo: GrpoConfig::default(),
         }
     }
 }
@@ -814,6 +822,9 @@ impl Config {
         if t.ppo.grad_accum == 0 || t.ppo.epochs == 0 || t.ppo.minibatches == 0 {
             bail!("train.ppo.epochs, minibatches and grad_accum must be at least 1");
         }
+        if t.algorithm == Algorithm::Grpo {
+            self.check_grpo()?;
+        }
         self.verifier.validate()?;
         if let Some(w) = &self.warm_start {
             w.validate()?;
@@ -832,6 +843,52 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// What `train.algorithm = "grpo"` needs of the rest of the config.
+    fn check_grpo(&self) -> anyhow::Result<()> {
+        let t = &self.train;
+        let g = t.grpo.group_size;
+        let other = match t.mode {
+            TrainMode::Maporl | TrainMode::Single => None,
+            TrainMode::Sft => Some("sft"),
+            TrainMode::OffTheShelf => Some("off-the-shelf"),
+        };
+        if let Some(mode) = other {
+            bail!(
+                "train.algorithm = \"grpo\" is a way to update learners, for train.mode = \
+                 \"maporl\" or \"single\"; train.mode = \"{mode}\" runs no RL update"
+            );
+        }
+        if g < 2 {
+            bail!(
+                "train.grpo.group_size = {g}: GRPO compares each reward with the others of \
+                 its group, so a group needs at least 2 debates"
+            );
+        }
+        if !self.debate.batch_size.is_multiple_of(g) {
+            bail!(
+                "debate.batch_size = {} is not a multiple of train.grpo.group_size = {g}: \
+                 debate.batch_size counts debates, and each question is debated {g} times",
+                self.debate.batch_size
+            );
+        }
+        if t.value_heads == ValueHeads::PerTurn {
+            bail!(
+                "train.value_heads = \"per-turn\" chooses PPO's value heads, and GRPO has \
+                 none: remove it, or use train.algorithm = \"ppo\""
+            );
+        }
+        Ok(())
+    }
+
+    /// The questions one training step debates: `debate.batch_size` debates, each of its
+    /// own question, or with GRPO each question `train.grpo.group_size` times.
+    pub fn questions_per_step(&self) -> usize {
+        match self.train.algorithm {
+            Algorithm::Ppo => self.debate.batch_size,
+            Algorithm::Grpo => self.debate.batch_size / self.train.grpo.group_size.max(1),
+        }
     }
 
     /// Every count the run allocates or loops by is held to a bound, so that a number that
@@ -855,6 +912,7 @@ impl Config {
             ("train.ppo.epochs", t.ppo.epochs, 1000),
             ("train.ppo.minibatches", t.ppo.minibatches, MAX_BATCH),
             ("train.ppo.grad_accum", t.ppo.grad_accum, MAX_BATCH),
+            ("train.grpo.group_size", t.grpo.group_size, MAX_BATCH),
             ("train.sft.epochs", t.sft.epochs, 1000),
             ("train.sft.batch_size", t.sft.batch_size, MAX_BATCH),
             ("verifier.batch_size", v.batch_size, MAX_BATCH),

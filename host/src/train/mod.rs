@@ -4,7 +4,9 @@
 //! continues exactly. The baselines live beside it: `sft` and `off-the-shelf` (an
 //! evaluation, [`evaluate`]).
 
+mod epochs;
 mod evaluate;
+pub mod grpo;
 pub mod ppo;
 mod sft;
 mod state;
@@ -23,7 +25,7 @@ use candle_core::DType;
 use serde::Serialize;
 
 use crate::checkpoint::{replace_dir, Checkpoints};
-use crate::config::{Config, Schedule, TrainMode, ValueHeads};
+use crate::config::{Algorithm, Config, Schedule, TrainMode, ValueHeads};
 use crate::debate::{self, Debate, PluginHashes, Rollout};
 use crate::distributed::{self as dist, World};
 use crate::eval::Report;
@@ -213,17 +215,42 @@ impl Update<'_> {
         } = *self;
         let t = &cfg.train;
         l.optimizer.set_lr(lr);
-        let samples: Vec<_> = samples_of(debates, l.agent)
+        let (debate_of, samples): (Vec<usize>, Vec<Sample>) = indexed_samples_of(debates, l.agent)
             .into_iter()
-            .filter(|s| turns.contains(&s.turn))
-            .collect();
+            .filter(|(_, s)| turns.contains(&s.turn))
+            .unzip();
         if samples.is_empty() {
             return Ok(None);
         }
         let seed = cfg.seed ^ (step as u64) << 8 ^ u64::from(l.agent);
-        // PPO scores the responses at the temperature that sampled them.
+        // The update scores the responses at the temperature that sampled them.
         let temperature = cfg.agent_sampling(l.agent as usize).temperature;
-        let stats: anyhow::Result<StepStats> = if l.turn_heads.is_empty() {
+        let stats: anyhow::Result<StepStats> = if t.algorithm == Algorithm::Grpo {
+            // A step's debates come in groups of group_size, one question each: an agent's
+            // reward at a turn is compared with its rewards at that turn in its group.
+            let group = t.grpo.group_size;
+            let keys: Vec<(usize, u32)> = debate_of
+                .iter()
+                .zip(&samples)
+                .map(|(&d, s)| (d / group, s.turn))
+                .collect();
+            let rewards: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+            let (advantages, flat) = grpo::group_advantages(&rewards, &keys, t.grpo.scale_rewards);
+            grpo::grpo_step_in(
+                update_world,
+                agent,
+                &l.reference,
+                &mut l.optimizer,
+                Batch {
+                    samples: &samples,
+                    temperature,
+                },
+                (&advantages, flat),
+                &mut l.kl,
+                &t.ppo,
+                seed,
+            )
+        } else if l.turn_heads.is_empty() {
             ppo_step_in(
                 update_world,
                 agent,
@@ -284,8 +311,12 @@ impl Update<'_> {
                     .map(|(k, v)| format!("{k} = {v}"))
                     .collect();
                 format!(
-                    "PPO update of agent {} at step {step} (the step's mean reward parts: {}); \
+                    "{} update of agent {} at step {step} (the step's mean reward parts: {}); \
                  nothing of this step was saved",
+                    match t.algorithm {
+                        Algorithm::Ppo => "PPO",
+                        Algorithm::Grpo => "GRPO",
+                    },
                     l.agent,
                     parts.join(", ")
                 )
@@ -549,9 +580,21 @@ impl Trainer {
     fn train_step(&mut self) -> anyhow::Result<Metrics> {
         let step = self.step;
         let cfg = &self.cfg;
-        let batch = cfg.debate.batch_size;
-        let chunk: Vec<Task> = (0..batch)
-            .map(|i| self.tasks[(self.cursor + i) % self.tasks.len()].clone())
+        let questions = cfg.questions_per_step();
+        let copies = cfg.debate.batch_size / questions;
+        // With GRPO, each question debated by a group of debates, told apart by their ids
+        // (each debate's draws are its own under [distributed], whichever rank holds it).
+        let chunk: Vec<Task> = (0..questions)
+            .map(|i| &self.tasks[(self.cursor + i) % self.tasks.len()])
+            .flat_map(|task| {
+                (0..copies).map(move |k| match copies {
+                    1 => task.clone(),
+                    _ => Task {
+                        id: format!("{}#{k}", task.id),
+                        ..task.clone()
+                    },
+                })
+            })
             .collect();
         // Fresh plugin instances seeded by the step: a resumed run sees the same plugins.
         self.session
@@ -676,7 +719,7 @@ impl Trainer {
             .flat_map(|d| &d.speeches)
             .map(|s| s.response_tokens)
             .sum();
-        self.cursor += batch;
+        self.cursor += questions;
         self.step += 1;
         let [score_seconds, optimize_seconds, backward_seconds] = phases;
         let memory = crate::model::resident_mib();
@@ -839,18 +882,24 @@ impl Trainer {
                 self.cfg.train.steps
             );
         }
-        if Some(st.data_cursor) != st.step.checked_mul(self.cfg.debate.batch_size)
-            || st.metrics_lines > st.step
-        {
+        let per_step = self.cfg.questions_per_step();
+        if Some(st.data_cursor) != st.step.checked_mul(per_step) || st.metrics_lines > st.step {
             bail!(
                 "{} says {} steps are done with {} tasks handed out and {} metrics lines, but \
-                 each step takes debate.batch_size = {} tasks and writes one line: the file \
-                 was changed, or is not of this run",
+                 each step takes {per_step} tasks (debate.batch_size = {}{}) and writes one \
+                 line: the file was changed, or is not of this run",
                 state_file.display(),
                 st.step,
                 st.data_cursor,
                 st.metrics_lines,
-                self.cfg.debate.batch_size
+                self.cfg.debate.batch_size,
+                match self.cfg.train.algorithm {
+                    Algorithm::Ppo => String::new(),
+                    Algorithm::Grpo => format!(
+                        " debates, each question train.grpo.group_size = {} times",
+                        self.cfg.train.grpo.group_size
+                    ),
+                }
             );
         }
         dist::check_resume_ranks(
@@ -1050,7 +1099,9 @@ fn new_learner(
         None => head(k),
     };
     let mut turn_heads = Vec::new();
-    if t.value_heads == ValueHeads::PerTurn {
+    if t.algorithm == Algorithm::Grpo {
+        // GRPO has no critic.
+    } else if t.value_heads == ValueHeads::PerTurn {
         for turn in 1..=cfg.debate.turns {
             turn_heads.push(load_head(
                 format!("value_head.turn-{turn}.safetensors"),
@@ -1296,8 +1347,20 @@ fn skew_rewards_for_tests(_world: &dyn World, _rollout: &mut Rollout) {}
 /// Agent `agent`'s rewarded utterances in `debates` (those that failed are left out), with
 /// their token ids, in debate then turn order.
 pub fn samples_of(debates: &[Debate], agent: u32) -> Vec<Sample> {
+    indexed_samples_of(debates, agent)
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect()
+}
+
+/// [`samples_of`], each with the index of its debate in `debates`.
+fn indexed_samples_of(debates: &[Debate], agent: u32) -> Vec<(usize, Sample)> {
     let mut out = Vec::new();
-    for d in debates.iter().filter(|d| d.error.is_none()) {
+    for (i, d) in debates
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.error.is_none())
+    {
         for (u, s) in d.transcript.utterances.iter().zip(&d.speeches) {
             if u.agent != agent || s.ids.response.is_empty() || s.ids.prompt.is_empty() {
                 continue;
@@ -1307,13 +1370,16 @@ pub fn samples_of(debates: &[Debate], agent: u32) -> Vec<Sample> {
                 .iter()
                 .find(|r| r.turn == u.turn && r.agent == agent)
             {
-                out.push(Sample {
-                    prompt: s.ids.prompt.clone(),
-                    response: s.ids.response.clone(),
-                    turn: u.turn,
-                    reward: r.total,
-                    policy: s.ids.policy.clone(),
-                });
+                out.push((
+                    i,
+                    Sample {
+                        prompt: s.ids.prompt.clone(),
+                        response: s.ids.response.clone(),
+                        turn: u.turn,
+                        reward: r.total,
+                        policy: s.ids.policy.clone(),
+                    },
+                ));
             }
         }
     }
@@ -1331,7 +1397,9 @@ fn weighted_mean(parts: &[(usize, StepStats)]) -> StepStats {
         out.kl += w * s.kl;
         out.kl_coef = s.kl_coef;
         out.policy_loss += w * s.policy_loss;
-        out.value_loss += w * s.value_loss;
+        if let Some(v) = s.value_loss {
+            *out.value_loss.get_or_insert(0.0) += w * v;
+        }
         out.approx_kl += w * s.approx_kl;
         out.clip_fraction += w * s.clip_fraction;
         out.entropy += w * s.entropy;

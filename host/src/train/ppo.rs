@@ -9,23 +9,17 @@
 //! with a 0/1 mask on real tokens. Cross-turn credit comes only from the shaped reward: GAE
 //! never crosses from one response into another.
 
-use crate::model::Pass;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use candle_core::Tensor;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use super::epochs::Epochs;
 pub use crate::config::{KlEstimator, PpoConfig};
 use crate::distributed::{Single, World};
-use crate::model::{
-    score_at_temperature, score_checkpointed, score_shared_prefixes, Agent, PolicyTrace,
-    PrefixScored,
-};
-use crate::optim::{gather_parts, AgentOptimizer, Loss, Part};
+use crate::model::{score_shared_prefixes, Agent, PolicyTrace, PrefixScored};
+use crate::optim::AgentOptimizer;
 
 /// One response to learn from: its prompt and response tokens, the debate turn it was said
 /// at (1-based), and its shaped reward.
@@ -48,7 +42,17 @@ pub struct StepStats {
     pub kl: f32,
     pub kl_coef: f64,
     pub policy_loss: f32,
-    pub value_loss: f32,
+    /// PPO's value loss (an algorithm without a critic has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_loss: Option<f32>,
+    /// GRPO's KL term of the loss before β: the mean over response tokens of the k3
+    /// estimate of the KL to the reference, as the update went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_loss: Option<f32>,
+    /// GRPO: the share of the samples whose group's rewards were all equal (no learning
+    /// signal but the KL term).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_spread: Option<f32>,
     pub approx_kl: f32,
     pub clip_fraction: f32,
     /// Mean entropy of the policy over response tokens.
@@ -76,50 +80,9 @@ pub struct StepStats {
     pub backward_seconds: f64,
 }
 
-/// Splits minibatch `mb` (sample indices) into micro-batches by sequence length, so that a
-/// short turn-1 conversation is not padded to a long turn-3 one: the indices sorted by
-/// `lengths` (prompt + response tokens), then cut greedily wherever the next one would make a
-/// micro-batch's padded size exceed what the configured split into `grad_accum` parts would
-/// pad to (rows per part × the minibatch's longest), both in whole sequences (activations)
-/// and in responses (`responses`: the logits kept for the backward pass, rows × response ×
-/// vocabulary). So no forward pass is larger than before on either count, and the passes
-/// are often fewer; the summed gradient is the minibatch's either way.
-fn micro_batches(
-    mb: &[usize],
-    lengths: &[usize],
-    responses: &[usize],
-    grad_accum: usize,
-) -> Vec<Vec<usize>> {
-    let mut sorted = mb.to_vec();
-    sorted.sort_by_key(|&i| (lengths[i], i));
-    let rows = mb.len().div_ceil(grad_accum.clamp(1, mb.len().max(1)));
-    let budget = rows * sorted.last().map_or(0, |&i| lengths[i]);
-    let response_budget = rows * mb.iter().map(|&i| responses[i]).max().unwrap_or(0);
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    let mut part: Vec<usize> = Vec::new();
-    let mut longest_response = 0;
-    for i in sorted {
-        // Sorted ascending, so `i` is the longest sequence of the part it joins.
-        let response = longest_response.max(responses[i]);
-        if !part.is_empty()
-            && ((part.len() + 1) * lengths[i] > budget
-                || (part.len() + 1) * response > response_budget)
-        {
-            out.push(std::mem::take(&mut part));
-            longest_response = 0;
-        }
-        longest_response = longest_response.max(responses[i]);
-        part.push(i);
-    }
-    if !part.is_empty() {
-        out.push(part);
-    }
-    out
-}
-
 /// The samples' recorded old-policy traces, when every sample has one taken at
 /// `temperature` and covering its whole response; otherwise the update scores them itself.
-fn recorded(samples: &[Sample], temperature: f64) -> Option<Vec<&PolicyTrace>> {
+pub(super) fn recorded(samples: &[Sample], temperature: f64) -> Option<Vec<&PolicyTrace>> {
     samples
         .iter()
         .map(|s| {
@@ -134,14 +97,14 @@ fn recorded(samples: &[Sample], temperature: f64) -> Option<Vec<&PolicyTrace>> {
 
 /// `x` right-aligned in a row of `width` (zeros before it), as `model::score` lays out
 /// responses.
-fn right_aligned(x: &[f32], width: usize) -> Vec<f32> {
+pub(super) fn right_aligned(x: &[f32], width: usize) -> Vec<f32> {
     let mut row = vec![0.0; width - x.len()];
     row.extend_from_slice(x);
     row
 }
 
 /// The last `n` columns of the rows `idx` (rows are right-aligned responses).
-fn select(
+pub(super) fn select(
     x: &[Vec<f32>],
     idx: &[usize],
     n: usize,
@@ -153,42 +116,6 @@ fn select(
         .flat_map(|&i| x[i][width - n..].iter().copied())
         .collect();
     Ok(Tensor::from_vec(data, (idx.len(), n), dev)?)
-}
-
-/// Where scripts/bench-iteration.sh wants each update's shapes (`MAPORL_BENCH_PPO_BATCHES`,
-/// read only in a build with the `test-hooks` feature).
-fn bench_batches_path() -> Option<std::ffi::OsString> {
-    if cfg!(feature = "test-hooks") {
-        std::env::var_os("MAPORL_BENCH_PPO_BATCHES")
-    } else {
-        None
-    }
-}
-
-/// Appends one JSON line describing an update's work to `path`: each sample's prompt and
-/// response lengths, the micro-batches of each optimizer step, and the phases' wall times
-/// (scripts/bench_iteration_torch.py replays the shapes; it scores the whole batch at once).
-fn record_batches(
-    path: &std::ffi::OsStr,
-    samples: &[Sample],
-    optimizer_steps: &[Vec<Vec<usize>>],
-    stats: &StepStats,
-) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let line = serde_json::json!({
-        "prompt_lens": samples.iter().map(|s| s.prompt.len()).collect::<Vec<_>>(),
-        "response_lens": samples.iter().map(|s| s.response.len()).collect::<Vec<_>>(),
-        "optimizer_steps": optimizer_steps,
-        "score_seconds": stats.score_seconds,
-        "optimize_seconds": stats.optimize_seconds,
-        "backward_seconds": stats.backward_seconds,
-    });
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    writeln!(f, "{line}")?;
-    Ok(())
 }
 
 /// What one update learns from: an agent's samples and the temperature that sampled them.
@@ -231,7 +158,6 @@ pub fn ppo_step_in(
     cfg: &PpoConfig,
     seed: u64,
 ) -> anyhow::Result<StepStats> {
-    let (rank, size) = (world.rank(), world.size());
     let Batch {
         samples,
         temperature,
@@ -317,11 +243,6 @@ pub fn ppo_step_in(
         advantages
     };
 
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut order: Vec<usize> = (0..samples.len()).collect();
-    let lengths: Vec<usize> = pairs.iter().map(|(p, r)| p.len() + r.len()).collect();
-    let responses: Vec<usize> = pairs.iter().map(|(_, r)| r.len()).collect();
-    let minibatches = cfg.minibatches.clamp(1, samples.len());
     let mut stats = StepStats {
         reward_mean: scores.iter().sum::<f32>() / scores.len() as f32,
         kl: kl_per_response,
@@ -331,144 +252,64 @@ pub fn ppo_step_in(
         reference_prefix_hit_rate: reference.hit_rate() as f32,
         ..StepStats::default()
     };
-    let mut n = 0.0f32;
-    let optimizing = Instant::now();
-    let mut backward = Duration::ZERO;
-    // For scripts/bench-iteration.sh: the optimizer steps' micro-batches (sample indices).
-    let shapes_to = bench_batches_path();
-    let mut optimizer_steps: Vec<Vec<Vec<usize>>> = Vec::new();
-    // What a checkpointed backward completes the gradients of.
-    let trainable = agent.trainable_vars();
-    for epoch in 0..cfg.epochs {
-        order.shuffle(&mut rng);
-        for mb in order.chunks(samples.len().div_ceil(minibatches)) {
-            // Token-mean losses over the minibatch: each micro-batch's mean is weighted by its
-            // share of the minibatch's tokens, so the summed gradient is the minibatch's.
-            let mb_tokens: usize = mb.iter().map(|&i| samples[i].response.len()).sum();
-            let parts = micro_batches(mb, &lengths, &responses, cfg.grad_accum);
-            if shapes_to.is_some() {
-                optimizer_steps.push(parts.clone());
-            }
-            let mut mine: Vec<Part> = Vec::new();
-            for (j, part) in parts.iter().enumerate() {
-                if size > 1 && j % size != rank {
-                    continue;
-                }
-                let share = part
-                    .iter()
-                    .map(|&i| samples[i].response.len())
-                    .sum::<usize>() as f64
-                    / mb_tokens as f64;
-                let part_pairs: Vec<(Vec<u32>, Vec<u32>)> =
-                    part.iter().map(|&i| pairs[i].clone()).collect();
-                let width = part
-                    .iter()
-                    .map(|&i| samples[i].response.len())
-                    .max()
-                    .unwrap_or(0);
-                let (new, checkpoint) = if cfg.activation_checkpointing {
-                    let (s, c) = score_checkpointed(agent, &part_pairs, cfg.chunk, temperature)?;
-                    (s, Some(c))
-                } else {
-                    let s = score_at_temperature(
-                        agent,
-                        &part_pairs,
-                        Pass::Training,
-                        cfg.chunk,
-                        temperature,
-                    )?;
-                    (s, None)
-                };
-                let m = select(&mask, part, width, &dev)?;
-                let (pg, loss_stats) = policy_loss(
-                    &new.logprobs,
-                    &select(&old_lp, part, width, &dev)?,
-                    &select(&advantages, part, width, &dev)?,
-                    &m,
-                    cfg.clip,
-                )?;
-                let vf = value_loss(
-                    new.values.as_ref().expect("checked above"),
-                    &select(&old_values, part, width, &dev)?,
-                    &select(&returns, part, width, &dev)?,
-                    &m,
-                    cfg.value_clip,
-                )?;
-                let entropy = ((&new.entropy * &m)?.sum_all()?
-                    / m.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64)?;
-                let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
-                let value = loss.to_scalar::<f32>()?;
-                if !value.is_finite() {
-                    bail!(
-                        "the PPO loss is {value} in epoch {} (policy {}, value {}, entropy {}); \
-                         the rewards' magnitude or the learning rate may be to blame",
-                        epoch + 1,
-                        pg.to_scalar::<f32>()?,
-                        vf.to_scalar::<f32>()?,
-                        entropy.to_scalar::<f32>()?
-                    );
-                }
-                let started = Instant::now();
-                let grads = Loss {
-                    value: (loss * share)?,
-                    checkpoint: checkpoint.map(|c| (c, trainable.clone())),
-                }
-                .gradients()?;
-                let share = share as f32;
-                let part_stats = [
-                    share * pg.to_scalar::<f32>()?,
-                    share * vf.to_scalar::<f32>()?,
-                    share * entropy.to_scalar::<f32>()?,
-                    share * loss_stats.approx_kl,
-                    share * loss_stats.clip_fraction,
-                ];
-                if size == 1 {
-                    optimizer.accumulate(&grads)?;
-                    add_part_stats(&mut stats, &part_stats);
-                } else {
-                    let (present, grads) = optimizer.flatten(&grads)?;
-                    mine.push(Part {
-                        index: j as u32,
-                        stats: part_stats,
-                        present,
-                        grads,
-                    });
-                }
-                backward += started.elapsed();
-            }
-            if size > 1 {
-                // Every rank's micro-batches, added in the minibatch's order.
-                let started = Instant::now();
-                let all = gather_parts(world, &mine, parts.len())
-                    .context("exchanging the micro-batches' gradients")?;
-                for p in &all {
-                    optimizer.accumulate_flat(&p.present, &p.grads)?;
-                    add_part_stats(&mut stats, &p.stats);
-                }
-                backward += started.elapsed();
-            }
-            let started = Instant::now();
-            stats.grad_norm += optimizer.step(cfg.max_grad_norm)? as f32;
-            backward += started.elapsed();
-            n += 1.0;
+    let epochs = Epochs {
+        world,
+        agent,
+        samples,
+        cfg,
+        temperature,
+        seed,
+        score_seconds,
+    };
+    let done = epochs.optimize(optimizer, |epoch, part, new, width| {
+        let m = select(&mask, part, width, &dev)?;
+        let (pg, loss_stats) = policy_loss(
+            &new.logprobs,
+            &select(&old_lp, part, width, &dev)?,
+            &select(&advantages, part, width, &dev)?,
+            &m,
+            cfg.clip,
+        )?;
+        let vf = value_loss(
+            new.values.as_ref().expect("checked above"),
+            &select(&old_values, part, width, &dev)?,
+            &select(&returns, part, width, &dev)?,
+            &m,
+            cfg.value_clip,
+        )?;
+        let entropy = masked_mean(&new.entropy, &m)?;
+        let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
+        let value = loss.to_scalar::<f32>()?;
+        if !value.is_finite() {
+            bail!(
+                "the PPO loss is {value} in epoch {} (policy {}, value {}, entropy {}); \
+                 the rewards' magnitude or the learning rate may be to blame",
+                epoch + 1,
+                pg.to_scalar::<f32>()?,
+                vf.to_scalar::<f32>()?,
+                entropy.to_scalar::<f32>()?
+            );
         }
-    }
-    stats.optimize_seconds = optimizing.elapsed().as_secs_f64();
-    stats.backward_seconds = backward.as_secs_f64();
-    if let Some(path) = shapes_to {
-        record_batches(&path, samples, &optimizer_steps, &stats)
-            .context("writing MAPORL_BENCH_PPO_BATCHES")?;
-    }
-    for x in [
-        &mut stats.policy_loss,
-        &mut stats.value_loss,
-        &mut stats.approx_kl,
-        &mut stats.clip_fraction,
-        &mut stats.entropy,
-        &mut stats.grad_norm,
-    ] {
-        *x /= n;
-    }
+        Ok((
+            loss,
+            [
+                pg.to_scalar::<f32>()?,
+                vf.to_scalar::<f32>()?,
+                entropy.to_scalar::<f32>()?,
+                loss_stats.approx_kl,
+                loss_stats.clip_fraction,
+            ],
+        ))
+    })?;
+    let [policy, value, entropy, approx_kl, clip_fraction] = done.means;
+    stats.policy_loss = policy;
+    stats.value_loss = Some(value);
+    stats.entropy = entropy;
+    stats.approx_kl = approx_kl;
+    stats.clip_fraction = clip_fraction;
+    stats.grad_norm = done.grad_norm;
+    stats.optimize_seconds = done.optimize_seconds;
+    stats.backward_seconds = done.backward_seconds;
     kl_control.update(f64::from(kl_per_response), samples.len());
     Ok(stats)
 }
@@ -476,7 +317,7 @@ pub fn ppo_step_in(
 /// [`score_shared_prefixes`] of `pairs` as one of `world`'s ranks: each rank scores its
 /// contiguous share of the pairs and every rank receives everyone's rows, in order (the
 /// prefixes shared across shares are computed once per rank that holds them).
-fn score_sharded(
+pub(super) fn score_sharded(
     world: &dyn World,
     agent: &Agent,
     pairs: &[(Vec<u32>, Vec<u32>)],
@@ -543,15 +384,6 @@ fn score_sharded(
         );
     }
     Ok(out)
-}
-
-/// Adds one micro-batch's weighted loss statistics ([`Part::stats`]'s order) to `stats`.
-fn add_part_stats(stats: &mut StepStats, s: &[f32; 5]) {
-    stats.policy_loss += s[0];
-    stats.value_loss += s[1];
-    stats.entropy += s[2];
-    stats.approx_kl += s[3];
-    stats.clip_fraction += s[4];
 }
 
 // ---- Token rewards, advantages, whitening.
@@ -707,7 +539,7 @@ pub struct LossStats {
     pub approx_kl: f32,
 }
 
-fn masked_mean(x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+pub(super) fn masked_mean(x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
     (x * mask)?.sum_all()? / mask.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64
 }
 
@@ -754,6 +586,7 @@ pub fn value_loss(
 
 #[cfg(test)]
 mod advantage_tests {
+    use super::super::epochs::micro_batches;
     use super::*;
 
     #[test]
