@@ -42,6 +42,8 @@
 # drift-free (the untrained and the MAPoRL team on a model warm-started longer, MODEL_D with
 # D_WARM, so that the untrained model drifts less from its teachers); drift-free-echo-shown
 # (peers-echo's RL on that model, evaluated with peers shown: MAPoRL's control there).
+# maporl-grpo (issue 51): MAPoRL with GRPO instead of PPO (train.algorithm = "grpo", groups of
+# 4 debates of a question, so 4 questions a step of 16 debates; no value head).
 # ADD_AGENTS=1 runs again the rows whose kept summary has no per-agent record (`agents`),
 # checks that the new evaluation gives the kept credits exactly, and adds the record.
 # REEVAL=1 evaluates again the rows whose run is still under $OUT (its final checkpoint), with
@@ -287,6 +289,7 @@ for seed in $SEEDS; do
         single | sft) settings=(--set "train.mode=$row") ;;
         maporl-current) settings=(--set "$CURRENT") ;;
         maporl-alpha) settings=(--set 'plugins.shaper.settings={gamma=0.3,alpha_1=2.0}') ;;
+        maporl-grpo) settings=(--set train.algorithm=grpo) ;;
         maporl-beta) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0}') ;;
         maporl-beta-code) settings=(--set 'plugins.shaper.settings={gamma=0.3,beta_0=2.0,beta_sign="code"}') ;;
         maporl-learned)
@@ -304,7 +307,7 @@ for seed in $SEEDS; do
                 "cross-domain-reverse-same off-the-shelf-hidden peers-hidden peers-hidden-shown" \
                 "off-the-shelf-echo peers-echo peers-echo-shown" \
                 "single-all vote-6 vote-9 sft-matched maporl-t1 maporl-current-t1" \
-                "drift-free-before drift-free drift-free-echo-shown)" >&2
+                "drift-free-before drift-free drift-free-echo-shown maporl-grpo)" >&2
             exit 2
             ;;
         esac

@@ -301,6 +301,29 @@ fn two_ranks_make_the_update_one_process_makes_on_the_same_batch() {
     }
 }
 
+/// GRPO's groups split between ranks (2 questions, each debated twice: each rank holds
+/// one group): the update is the one process's, as PPO's is.
+#[test]
+fn with_grpo_two_ranks_make_the_update_one_process_makes() {
+    let _job = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let grpo = [
+        "--set",
+        "train.algorithm=grpo",
+        "--set",
+        "train.grpo.group_size=2",
+    ];
+    let one = dir.path().join("one");
+    let two = dir.path().join("two");
+    train(None, &one, &model, &grpo);
+    train(Some(2), &two, &model, &grpo);
+    for line in metrics(&two) {
+        assert!(line["agents"]["0"]["zero_spread"].is_number(), "{line}");
+    }
+    assert_same_training(&one, &two, "GRPO, np 2 against np 1");
+}
+
 #[test]
 fn two_ranks_evaluate_the_debates_one_process_holds() {
     // Five held-out tasks over two ranks (three and two): rank 0 gathers them and writes the

@@ -18,6 +18,7 @@ pub mod net;
 pub mod optim;
 pub mod plugin;
 pub mod report;
+mod run_log;
 pub mod serve;
 pub mod session;
 pub mod suggest;

@@ -15,7 +15,6 @@ pub use evaluate::{evaluate, Evaluation};
 pub use state::check_config;
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -31,6 +30,7 @@ use crate::distributed::{self as dist, World};
 use crate::eval::Report;
 use crate::model::{Agent, Lora, LoraConfig, ValueHead};
 use crate::optim::{learning_rate, AgentOptimizer};
+use crate::run_log::{RunLog, Start};
 use crate::session::{held_out, tasks, Progress, Session};
 use crate::transcript::Task;
 use ppo::{ppo_step_in, Batch, KlController, Sample, StepStats};
@@ -473,20 +473,10 @@ impl Trainer {
     ) -> anyhow::Result<Outcome> {
         let steps = self.cfg.train.steps;
         let leader = self.world.rank() == 0;
-        // Rank 0 writes the metrics and events; the other ranks compute the same lines.
-        let mut outputs = if leader {
-            let metrics_file = std::fs::OpenOptions::new()
-                .append(true)
-                .open(self.metrics_path())
-                .with_context(|| format!("opening {}", self.metrics_path().display()))?;
-            // A resumed run's events start again at the first step it redoes (metrics lines
-            // count steps from 0, so that is the number of steps done).
-            let resume_at = (self.step > 0).then_some(self.step as i64);
-            let events = crate::tensorboard::EventWriter::create(&self.run_dir, resume_at)?;
-            Some((metrics_file, events))
-        } else {
-            None
-        };
+        // A resumed run's events start again at the first step it redoes (metrics lines
+        // count steps from 0, so that is the number of steps done).
+        let resume_at = (self.step > 0).then_some(self.step as i64);
+        let mut log = RunLog::open(&self.run_dir, leader, Start::Continue { resume_at })?;
         let every = self.cfg.train.checkpoint_every;
         // The held-out evaluations are shared between the ranks like a step's debates.
         if self.step == 0 && !self.held.is_empty() {
@@ -505,17 +495,7 @@ impl Trainer {
             let started = std::time::Instant::now();
             let line = self.train_step()?;
             let summary = line.summary(steps, started.elapsed().as_secs_f64());
-            if let Some((metrics_file, events)) = &mut outputs {
-                serde_json::to_writer(&mut *metrics_file, &line)?;
-                metrics_file.write_all(b"\n")?;
-                metrics_file.flush()?;
-                let scalars = crate::tensorboard::scalars_of(
-                    &serde_json::to_value(&line)?,
-                    "",
-                    &["step", "trained_turns"],
-                );
-                events.scalars(line.step as i64, &scalars)?;
-            }
+            log.write(&line, line.step as i64, "", &["step", "trained_turns"])?;
             self.metrics_lines += 1;
             progress.step(&summary);
             // A stop request on any rank stops every rank after the same step.

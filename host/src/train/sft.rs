@@ -11,7 +11,6 @@
 //! rank holds the adapters one process would train; rank 0 alone writes the run directory.
 
 use crate::model::Pass;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -28,6 +27,7 @@ use crate::debate::{self, Debate, PluginHashes, Rollout};
 use crate::distributed as dist;
 use crate::model::{score, score_checkpointed, Lora, LoraConfig};
 use crate::optim::{shared_step, AgentOptimizer, Loss};
+use crate::run_log::{RunLog, Start};
 use crate::session::{held_out, tasks, Progress, Session};
 
 /// One line of `metrics.jsonl`: an epoch of one agent.
@@ -111,17 +111,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
 
     // 3. Every agent learns its own utterances in them.
     // Rank 0 writes the metrics and events; the other ranks compute the same lines.
-    let metrics_path = run_dir.join("metrics.jsonl");
-    let mut outputs = if leader {
-        let metrics = std::fs::File::create(&metrics_path)
-            .with_context(|| format!("creating {}", metrics_path.display()))?;
-        Some((
-            metrics,
-            crate::tensorboard::EventWriter::create(&run_dir, None)?,
-        ))
-    } else {
-        None
-    };
+    let mut log = RunLog::open(&run_dir, leader, Start::Fresh)?;
     let t = &cfg.train;
     for a in 0..cfg.debate.agents {
         // Turns before `adapter_from_turn` are spoken by the base, not the adapter.
@@ -205,16 +195,12 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
                 "agent {a} epoch {epoch}: loss {:.4} over {} responses",
                 line.loss, line.samples
             ));
-            if let Some((metrics, events)) = &mut outputs {
-                serde_json::to_writer(&mut *metrics, &line)?;
-                metrics.write_all(b"\n")?;
-                let scalars = crate::tensorboard::scalars_of(
-                    &serde_json::to_value(&line)?,
-                    &format!("agent_{a}"),
-                    &["agent", "epoch"],
-                );
-                events.scalars(epoch as i64, &scalars)?;
-            }
+            log.write(
+                &line,
+                epoch as i64,
+                &format!("agent_{a}"),
+                &["agent", "epoch"],
+            )?;
         }
         // Evaluation and the held-out debates run without dropout.
         if let Some(lora) = session.team.agent_mut(a as usize).lora.as_mut() {
@@ -267,7 +253,7 @@ pub(super) fn run(config: Config, progress: &mut dyn Progress) -> anyhow::Result
     };
     Ok(Outcome::Trained {
         steps: sft.epochs,
-        metrics: metrics_path,
+        metrics: log.path().to_path_buf(),
         adapters: final_dir,
         held_out,
     })

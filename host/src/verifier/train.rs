@@ -10,7 +10,6 @@
 //! number of ranks the checkpoint was written with.
 
 use crate::model::Pass;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -31,6 +30,7 @@ use crate::distributed as dist;
 use crate::files::write_atomic;
 use crate::model::{Lora, LoraConfig, ValueHead};
 use crate::optim::{learning_rate, shared_step, AgentOptimizer, Loss};
+use crate::run_log::{RunLog, Start};
 
 /// Bumped when the checkpoint layout changes (2: the epoch's running loss).
 const FORMAT: u32 = 2;
@@ -246,21 +246,20 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
     }
     // Rank 0 alone writes the run directory (every rank has looked at it by now: the data's
     // agreement above was a collective).
-    let mut events = if leader {
+    if leader {
         std::fs::create_dir_all(&opts.run_dir)
             .with_context(|| format!("creating {}", opts.run_dir.display()))?;
-        if start == 0 {
-            std::fs::write(&metrics_path, b"")
-                .with_context(|| format!("creating {}", metrics_path.display()))?;
-        }
-        let resume_at = (start > 0).then_some(start as i64 + 1);
-        Some(crate::tensorboard::EventWriter::create(
-            &opts.run_dir,
-            resume_at,
-        )?)
-    } else {
-        None
-    };
+    }
+    let mut log = RunLog::open(
+        &opts.run_dir,
+        leader,
+        match start {
+            0 => Start::Fresh,
+            _ => Start::Continue {
+                resume_at: Some(start as i64 + 1),
+            },
+        },
+    )?;
 
     let bs = t.batch_size.max(1);
     let per_epoch = train_idx.len().div_ceil(bs);
@@ -381,17 +380,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> anyhow::Result<Outcome> 
                 resident_mib: memory.map(|m| m.now),
                 peak_resident_mib: memory.map(|m| m.peak),
             };
-            if let Some(events) = &mut events {
-                let mut f = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&metrics_path)
-                    .with_context(|| format!("writing {}", metrics_path.display()))?;
-                serde_json::to_writer(&mut f, &line)?;
-                f.write_all(b"\n")?;
-                let scalars =
-                    crate::tensorboard::scalars_of(&serde_json::to_value(&line)?, "", &["step"]);
-                events.scalars(step as i64, &scalars)?;
-            }
+            log.write(&line, step as i64, "", &["step"])?;
             metrics_lines += 1;
             if opts.verbose {
                 match &v {
