@@ -28,7 +28,7 @@ use crate::config::{Algorithm, Config, Schedule, TrainMode, ValueHeads};
 use crate::debate::{self, Debate, PluginHashes, Rollout};
 use crate::distributed::{self as dist, World};
 use crate::eval::Report;
-use crate::model::{Agent, Lora, LoraConfig, ValueHead};
+use crate::model::{Agent, Lora, LoraConfig, PrefixStats, ValueHead};
 use crate::optim::{learning_rate, AgentOptimizer};
 use crate::run_log::{RunLog, Start};
 use crate::session::{held_out, tasks, Progress, Session};
@@ -325,6 +325,15 @@ impl Update<'_> {
     }
 }
 
+/// What a step's updates measured: each learning agent's statistics, the update's phases
+/// (scoring, optimising, of which backward), summed over agents, and the response tokens
+/// trained on.
+struct Updated {
+    agents: BTreeMap<u32, StepStats>,
+    phases: [f64; 3],
+    tokens: usize,
+}
+
 struct Trainer {
     session: Session,
     cfg: Config,
@@ -557,14 +566,62 @@ impl Trainer {
         (t.adapter_from_turn..=last).collect()
     }
 
+    /// One step: the debates, every learner's update on them, the metrics line.
     fn train_step(&mut self) -> anyhow::Result<Metrics> {
         let step = self.step;
-        let cfg = &self.cfg;
-        let questions = cfg.questions_per_step();
-        let copies = cfg.debate.batch_size / questions;
-        // With GRPO, each question debated by a group of debates, told apart by their ids
-        // (each debate's draws are its own under [distributed], whichever rank holds it).
-        let chunk: Vec<Task> = (0..questions)
+        let sent_before = self.world.bytes_sent();
+        let (rollout, prefixes, rollout_seconds) = self.rollout(step)?;
+        let started = Instant::now();
+        let t = &self.cfg.train;
+        let lr = learning_rate(step, t.steps, t.warmup_steps, t.ppo.lr, t.final_lr_fraction);
+        let turns = self.trained_turns(step);
+        let updated = self.update(&rollout.debates, &turns, lr, step)?;
+        let update_seconds = started.elapsed().as_secs_f64();
+        self.cursor += self.cfg.questions_per_step();
+        self.step += 1;
+        let report = crate::eval::evaluate(&rollout.debates);
+        let generated: usize = rollout
+            .debates
+            .iter()
+            .flat_map(|d| &d.speeches)
+            .map(|s| s.response_tokens)
+            .sum();
+        let [score_seconds, optimize_seconds, backward_seconds] = updated.phases;
+        let memory = crate::model::resident_mib();
+        let generation_seconds = rollout.team_time.as_secs_f64();
+        Ok(Metrics {
+            step,
+            learning_rate: lr,
+            tasks: report.tasks,
+            accuracy: report.turns.iter().map(|t| t.majority_accuracy).collect(),
+            reward_parts: reward_parts(&rollout.debates),
+            trained_turns: turns,
+            update_tokens_per_second: updated.tokens as f64 / update_seconds.max(1e-9),
+            agents: updated.agents,
+            rollout_seconds,
+            generation_seconds,
+            generation_prefix_hit_rate: prefixes.hit_rate(),
+            generation_prefix_cache_mib: prefixes.peak_bytes as f64 / (1 << 20) as f64,
+            plugin_seconds: rollout.plugin_time.as_secs_f64(),
+            update_seconds,
+            score_seconds,
+            optimize_seconds,
+            backward_seconds,
+            generated_tokens_per_second: generated as f64 / generation_seconds.max(1e-9),
+            resident_mib: memory.map(|m| m.now),
+            peak_resident_mib: memory.map(|m| m.peak),
+            collective_bytes: (self.world.size() > 1)
+                .then(|| self.world.bytes_sent() - sent_before),
+        })
+    }
+
+    /// The step's tasks: the next questions of the data, each once, or with GRPO each
+    /// `train.grpo.group_size` times, told apart by their ids (under [distributed] each
+    /// debate's draws are its own, whichever rank holds it).
+    fn step_tasks(&self) -> Vec<Task> {
+        let questions = self.cfg.questions_per_step();
+        let copies = self.cfg.debate.batch_size / questions;
+        (0..questions)
             .map(|i| &self.tasks[(self.cursor + i) % self.tasks.len()])
             .flat_map(|task| {
                 (0..copies).map(move |k| match copies {
@@ -575,14 +632,21 @@ impl Trainer {
                     },
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// The step's debates, shaped and (with the debates split between ranks) gathered on
+    /// every rank; this rank's generation prefix-cache statistics, and the rollout's wall
+    /// time.
+    fn rollout(&mut self, step: usize) -> anyhow::Result<(Rollout, PrefixStats, f64)> {
+        let chunk = self.step_tasks();
+        let cfg = &self.cfg;
         // Fresh plugin instances seeded by the step: a resumed run sees the same plugins.
         self.session
             .plugins
             .restart(step as u64)
             .with_context(|| format!("restarting the plugins for step {step}"))?;
         let started = Instant::now();
-        let sent_before = self.world.bytes_sent();
         let (world, size) = (self.world, self.world.size());
         if cfg.distributed.is_some() {
             // Each response its own stream, so a debate is the same whichever rank holds it.
@@ -609,14 +673,22 @@ impl Trainer {
             check_plugins_agree(world, &rollout, &self.session.config)
                 .with_context(|| format!("step {step}"))?;
         }
-        let rollout_seconds = started.elapsed().as_secs_f64();
+        let seconds = started.elapsed().as_secs_f64();
         // This rank's share: each rank generates its own debates.
         let prefixes = self.session.team.take_prefix_stats();
+        Ok((rollout, prefixes, seconds))
+    }
 
-        let started = Instant::now();
-        let t = &cfg.train;
-        let lr = learning_rate(step, t.steps, t.warmup_steps, t.ppo.lr, t.final_lr_fraction);
-        let turns = self.trained_turns(step);
+    /// Every learner's update on its utterances at `turns` of `debates`; with the agents
+    /// split between ranks, every rank's statistics gathered.
+    fn update(
+        &mut self,
+        debates: &[Debate],
+        turns: &[u32],
+        lr: f64,
+        step: usize,
+    ) -> anyhow::Result<Updated> {
+        let (cfg, world, size) = (&self.cfg, self.world, self.world.size());
         let mut agents = BTreeMap::new();
         let mut update_tokens = 0;
         // Data placement: every rank updates every agent on its share of the batch, summing
@@ -634,14 +706,14 @@ impl Trainer {
                 (l, agent)
             })
             .collect();
-        let parallel = t.ppo.agents_in_parallel
+        let parallel = cfg.train.ppo.agents_in_parallel
             && update_world.size() == 1
             && jobs.len() > 1
             && jobs.iter().all(|(_, a)| a.base.device().is_cpu())
             && rayon::current_num_threads() > 1;
         let update = Update {
-            debates: &rollout.debates,
-            turns: &turns,
+            debates,
+            turns,
             lr,
             cfg,
             step,
@@ -691,40 +763,10 @@ impl Trainer {
             }
             update_tokens = agents.values().map(|s| s.tokens).sum();
         }
-        let update_seconds = started.elapsed().as_secs_f64();
-        let report = crate::eval::evaluate(&rollout.debates);
-        let tokens: usize = rollout
-            .debates
-            .iter()
-            .flat_map(|d| &d.speeches)
-            .map(|s| s.response_tokens)
-            .sum();
-        self.cursor += questions;
-        self.step += 1;
-        let [score_seconds, optimize_seconds, backward_seconds] = phases;
-        let memory = crate::model::resident_mib();
-        Ok(Metrics {
-            step,
-            learning_rate: lr,
-            tasks: report.tasks,
-            accuracy: report.turns.iter().map(|t| t.majority_accuracy).collect(),
-            reward_parts: reward_parts(&rollout.debates),
-            trained_turns: turns,
+        Ok(Updated {
             agents,
-            rollout_seconds,
-            generation_seconds: rollout.team_time.as_secs_f64(),
-            generation_prefix_hit_rate: prefixes.hit_rate(),
-            generation_prefix_cache_mib: prefixes.peak_bytes as f64 / (1 << 20) as f64,
-            plugin_seconds: rollout.plugin_time.as_secs_f64(),
-            update_seconds,
-            score_seconds,
-            optimize_seconds,
-            backward_seconds,
-            generated_tokens_per_second: tokens as f64 / rollout.team_time.as_secs_f64().max(1e-9),
-            update_tokens_per_second: update_tokens as f64 / update_seconds.max(1e-9),
-            resident_mib: memory.map(|m| m.now),
-            peak_resident_mib: memory.map(|m| m.peak),
-            collective_bytes: (size > 1).then(|| world.bytes_sent() - sent_before),
+            phases,
+            tokens: update_tokens,
         })
     }
 
