@@ -486,3 +486,105 @@ fn trainable_values(agent: &Agent) -> Vec<Vec<f32>> {
         })
         .collect()
 }
+
+/// A learner with no critic records its log-probs alone as it generates (no values), and
+/// GRPO's update reads them: the same update as one that scores the old policy again (to
+/// rounding), and a different one when the recorded log-probs are shifted.
+#[test]
+fn a_grpo_update_reads_the_log_probs_generation_recorded_without_a_value_head() {
+    let base = Arc::new(tiny_llama::<V>());
+    let fresh = || {
+        let mut agent = Agent::new(base.clone());
+        let lora_cfg = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()],
+        };
+        agent.lora = Some(Lora::new(&base, lora_cfg, 1).unwrap());
+        agent
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: 5,
+        stop_tokens: vec![3, 7],
+        pad_token: 0,
+    };
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: 1.0,
+        top_k: 0,
+    };
+    let prompts: Vec<Vec<u32>> = (0..12).map(|i| prompt(i % 4)).collect();
+    let generated = generate_traced(
+        &fresh(),
+        &prompts,
+        &mut Sampler::new(sampling, 3),
+        &opts,
+        0.8,
+    )
+    .unwrap();
+    for g in &generated {
+        let trace = g.trace.as_ref().expect("traced");
+        assert_eq!(trace.logprobs.len(), g.tokens.len());
+        assert!(trace.values.is_empty(), "no value head, no values");
+    }
+    let groups: Vec<u32> = (0..12).map(|i| i % 4).collect();
+    let rewards: Vec<f32> = (0..12).map(|i| (i % 3) as f32).collect();
+    let (advantages, zero) = group_advantages(&rewards, &groups, true);
+    let train = |shift: Option<f32>| {
+        let agent = fresh();
+        let samples: Vec<Sample> = prompts
+            .iter()
+            .zip(&generated)
+            .zip(&rewards)
+            .map(|((p, g), &reward)| Sample {
+                prompt: p.clone(),
+                response: g.tokens.clone(),
+                reward,
+                turn: 1,
+                policy: shift.map(|d| {
+                    let mut t = g.trace.clone().unwrap();
+                    t.logprobs.iter_mut().for_each(|l| *l += d);
+                    t
+                }),
+            })
+            .collect();
+        let cfg = PpoConfig {
+            lr: 1e-2,
+            minibatches: 2,
+            epochs: 2,
+            ..PpoConfig::default()
+        };
+        let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
+        let stats = grpo_step_in(
+            &Single,
+            &agent,
+            &Agent::new(base.clone()),
+            &mut optimizer,
+            Batch {
+                samples: &samples,
+                temperature: 0.8,
+            },
+            (&advantages, zero),
+            &mut KlController::Fixed { value: 0.01 },
+            &cfg,
+            5,
+        )
+        .unwrap();
+        (trainable_values(&agent).concat(), stats)
+    };
+    let (traced, _) = train(Some(0.0));
+    let (scored, _) = train(None);
+    let worst = traced
+        .iter()
+        .zip(&scored)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "parameters differ by up to {worst}");
+    assert_ne!(
+        trainable_values(&fresh()).concat(),
+        traced,
+        "the update did something"
+    );
+    let (moved, _) = train(Some(0.5));
+    assert_ne!(moved, traced, "the recorded log-probs were not read");
+}

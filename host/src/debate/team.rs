@@ -24,6 +24,9 @@ struct Voice {
 struct Member {
     agent: Agent,
     voice: Arc<Voice>,
+    /// A learning agent ([`ModelTeam::mark_learner`]): with its adapter it records what its
+    /// update needs of its tokens as it generates them.
+    learner: bool,
 }
 
 /// A team of LLM agents. Agents on the same model file share its frozen weights, and while
@@ -119,6 +122,7 @@ impl ModelTeam {
             members.push(Some(Member {
                 agent: Agent::new(base),
                 voice,
+                learner: false,
             }));
         }
         Ok(ModelTeam {
@@ -142,6 +146,16 @@ impl ModelTeam {
             .as_mut()
             .unwrap_or_else(|| panic!("agent {a} is held by another process"))
             .agent
+    }
+
+    /// Marks agent `a` as learning: from now on, speaking with its adapter, it records its
+    /// policy trace (its log-probs at its sampling temperature, and its value head's values
+    /// if it has one) for its update. Panics for an agent another process holds.
+    pub fn mark_learner(&mut self, a: usize) {
+        self.members[a]
+            .as_mut()
+            .unwrap_or_else(|| panic!("agent {a} is held by another process"))
+            .learner = true;
     }
 
     pub fn agent(&self, a: usize) -> &Agent {
@@ -325,11 +339,12 @@ impl ModelTeam {
                         .take()
                         .expect("one share per agent in a batch"),
                 };
-                // A learner speaking with its adapter records what PPO needs of its tokens
-                // as it generates them, at the temperature it samples (and PPO scores) at;
+                // A learner speaking with its adapter records what its update needs of its
+                // tokens as it generates them, at the temperature it samples (and its update
+                // scores) at;
                 // evaluations (paired draws) train on nothing and record nothing.
                 let traced = adapted
-                    && agent.value_head.is_some()
+                    && self.member(asks[k].0).learner
                     && (self.paired.is_none() || self.trace_paired);
                 speakers.push(model::Speaker {
                     agent,

@@ -220,7 +220,8 @@ pub struct PolicyTrace {
     /// Per token: its log-prob under the tempered, unfiltered distribution (top-k / top-p
     /// do not apply, as in PPO's scoring).
     pub logprobs: Vec<f32>,
-    /// Per token: the agent's value head at the position that predicted the token.
+    /// Per token: the agent's value head at the position that predicted the token; empty
+    /// for an agent without one (a learner with no critic, as GRPO's).
     pub values: Vec<f32>,
 }
 
@@ -252,7 +253,8 @@ pub fn generate(
 }
 
 /// [`generate`], also recording each token's [`PolicyTrace`] at `temperature` (the
-/// temperature PPO will score at) with the agent's value head, which it must have.
+/// temperature the update will score at), with the agent's value head's values if it has
+/// one.
 pub fn generate_traced(
     agent: &Agent,
     prompts: &[Vec<u32>],
@@ -387,9 +389,6 @@ fn decode(
             if !t.is_finite() {
                 bail!("generate: temperature {t} is not finite");
             }
-            if s.agent.value_head.is_none() {
-                bail!("generate: a trace needs a value head, and speaker {i} has none");
-            }
         }
     }
     // Every row: its speaker and its index among that speaker's prompts.
@@ -474,9 +473,12 @@ fn decode(
                     let tokens = picks.iter().map(|&(tok, _)| tok).collect();
                     let (lp, _) =
                         tempered_logprobs(speaker.agent, &group_logits, tokens, temperature)?;
-                    let vh = speaker.agent.value_head.as_ref().expect("checked above");
-                    let values = vh.forward(&last.narrow(0, start, n)?)?;
-                    Some((lp.to_vec1::<f32>()?, values.to_vec1::<f32>()?))
+                    // A learner without a critic records its log-probs alone.
+                    let values = match speaker.agent.value_head.as_ref() {
+                        Some(vh) => vh.forward(&last.narrow(0, start, n)?)?.to_vec1::<f32>()?,
+                        None => Vec::new(),
+                    };
+                    Some((lp.to_vec1::<f32>()?, values))
                 }
                 None => None,
             };
@@ -487,7 +489,9 @@ fn decode(
                 g.logprobs.push(lp);
                 if let (Some(tr), Some((lps, values))) = (g.trace.as_mut(), traced.as_ref()) {
                     tr.logprobs.push(lps[j]);
-                    tr.values.push(values[j]);
+                    if let Some(&v) = values.get(j) {
+                        tr.values.push(v);
+                    }
                 }
                 g.stopped = opts.stop_tokens.contains(&tok);
                 let cut = !observe(rows[row].1, tok);

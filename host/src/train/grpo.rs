@@ -13,8 +13,8 @@ use anyhow::{bail, Context};
 
 use super::epochs::Epochs;
 use super::ppo::{
-    masked_mean, policy_loss, recorded, right_aligned, score_sharded, select, Batch, KlController,
-    PpoConfig, StepStats,
+    masked_mean, policy_loss, recorded_logprobs, right_aligned, score_sharded, select, Batch,
+    KlController, PpoConfig, StepStats,
 };
 use crate::distributed::World;
 use crate::model::Agent;
@@ -99,7 +99,7 @@ pub fn grpo_step_in(
     let aligned = |rows: Vec<&[f32]>| -> Vec<Vec<f32>> {
         rows.into_iter().map(|r| right_aligned(r, width)).collect()
     };
-    let old_lp = match recorded(samples, temperature) {
+    let old_lp = match recorded_logprobs(samples, temperature) {
         Some(traces) => aligned(traces.iter().map(|t| &t.logprobs[..]).collect()),
         None => {
             let old = score_sharded(world, agent, &pairs, cfg.chunk, temperature, false)

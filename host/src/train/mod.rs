@@ -1134,6 +1134,11 @@ fn new_learner(
         agent.value_head = Some(load_head("value_head.safetensors".into(), 0)?);
     }
     let mut named = agent.named_trainable_vars();
+    // Generation records the learner's log-probs (and its shared value head's values) for
+    // its update; per-turn heads score their turn's samples afresh.
+    if turn_heads.is_empty() {
+        session.team.mark_learner(a as usize);
+    }
     for (i, h) in turn_heads.iter().enumerate() {
         named.extend(
             h.named_vars()

@@ -95,6 +95,19 @@ pub(super) fn recorded(samples: &[Sample], temperature: f64) -> Option<Vec<&Poli
         .collect()
 }
 
+/// The samples' recorded old-policy log-probs, when every sample has a trace taken at
+/// `temperature` covering its whole response (values or not: for an update with no critic).
+pub(super) fn recorded_logprobs(samples: &[Sample], temperature: f64) -> Option<Vec<&PolicyTrace>> {
+    samples
+        .iter()
+        .map(|s| {
+            s.policy
+                .as_ref()
+                .filter(|t| t.temperature == temperature && t.logprobs.len() == s.response.len())
+        })
+        .collect()
+}
+
 /// `x` right-aligned in a row of `width` (zeros before it), as `model::score` lays out
 /// responses.
 pub(super) fn right_aligned(x: &[f32], width: usize) -> Vec<f32> {
