@@ -162,7 +162,7 @@ pub struct TrainConfig {
     /// are only evaluated; "sft": fine-tune every agent on the best off-the-shelf debates
     /// (the paper's SFT baseline, see `train.sft`).
     pub mode: TrainMode,
-    /// PPO iterations (rollout + update).
+    /// Training steps (rollout + update).
     pub steps: usize,
     /// LoRA rank.
     pub lora_r: usize,
@@ -505,7 +505,8 @@ pub struct DebateConfig {
     pub agents: u32,
     /// Debate turns (turn 1: every agent answers alone).
     pub turns: u32,
-    /// Tasks debated together (generation batches across them).
+    /// Debates held together (generation batches across them): in training, a step's
+    /// debates (with `train.algorithm = "grpo"`, `train.grpo.group_size` of each question).
     pub batch_size: usize,
     /// What a plugin failure on one task does: "stop" the run, or "drop-task" and go on.
     pub on_plugin_error: OnPluginError,

@@ -3,6 +3,10 @@
 use serde::{Deserialize, Serialize};
 
 /// PPO settings; the defaults are the paper's (arXiv 2502.18439, §5; the authors' code).
+/// With `train.algorithm = "grpo"` the optimisation keys (`epochs`, `minibatches`,
+/// `grad_accum`, `clip`, `max_grad_norm`, `lr`, `weight_decay`, `ent_coef`, `chunk`,
+/// `activation_checkpointing`, `agents_in_parallel`, and `kl_estimator` for the logged KL)
+/// apply to GRPO too; the value, GAE and whitening keys do not.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PpoConfig {
