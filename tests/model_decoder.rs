@@ -873,9 +873,25 @@ fn generation_traces_the_old_policy_as_a_scoring_pass_would() {
         dl < 1e-5 && dv < 1e-5,
         "greedy: log-probs {dl}, values {dv}"
     );
-    // An agent without a value head cannot trace; a temperature that is not finite is refused.
+    // An agent without a value head (a critic-free learner) traces its log-probs alone, the
+    // ones the agent with a head traced for the same draws (the head does not change them);
+    // a temperature that is not finite is refused.
     let bare = Agent::new(base.clone());
-    assert!(generate_traced(&bare, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).is_err());
+    let plain = Agent {
+        base: agent.base.clone(),
+        lora: agent.lora.clone(),
+        value_head: None,
+        weights: agent.weights.clone(),
+    };
+    let alone = generate_traced(&plain, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).unwrap();
+    let with_head = generate_traced(&agent, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).unwrap();
+    for (a, h) in alone.iter().zip(&with_head) {
+        let (ta, th) = (a.trace.as_ref().unwrap(), h.trace.as_ref().unwrap());
+        assert_eq!(a.tokens, h.tokens);
+        assert_eq!(ta.logprobs, th.logprobs);
+        assert!(ta.values.is_empty() && th.values.len() == h.tokens.len());
+    }
+    assert!(generate_traced(&bare, &prompts, &mut Sampler::new(p, 6), &opts, 0.7).is_ok());
     assert!(generate_traced(
         &agent,
         &prompts,
