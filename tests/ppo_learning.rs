@@ -588,3 +588,55 @@ fn a_grpo_update_reads_the_log_probs_generation_recorded_without_a_value_head() 
     let (moved, _) = train(Some(0.5));
     assert_ne!(moved, traced, "the recorded log-probs were not read");
 }
+
+/// Finite but absurd advantages make a loss that is not finite: the update stops, naming the
+/// algorithm, the epoch and the loss's parts, and the weights are not touched.
+#[test]
+fn a_grpo_loss_that_is_not_finite_stops_the_update_by_name() {
+    let base = Arc::new(tiny_llama::<V>());
+    let mut agent = Agent::new(base.clone());
+    let lora_cfg = LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        target_modules: vec!["q_proj".into()],
+    };
+    agent.lora = Some(Lora::new(&base, lora_cfg, 1).unwrap());
+    let samples: Vec<Sample> = (0..4)
+        .map(|q| Sample {
+            prompt: prompt(q),
+            response: vec![answer(q)],
+            reward: 0.0,
+            turn: 1,
+            policy: None,
+        })
+        .collect();
+    // One minibatch of all four: the token mean's sum overflows.
+    let advantages = [-f32::MAX; 4];
+    let before = trainable_values(&agent);
+    let cfg = PpoConfig {
+        minibatches: 1,
+        ..PpoConfig::default()
+    };
+    let mut optimizer = AgentOptimizer::new(agent.named_trainable_vars(), cfg.lr, 0.0).unwrap();
+    let err = grpo_step_in(
+        &Single,
+        &agent,
+        &Agent::new(base.clone()),
+        &mut optimizer,
+        Batch {
+            samples: &samples,
+            temperature: 1.0,
+        },
+        (&advantages, 0.0),
+        &mut KlController::Fixed { value: 0.01 },
+        &cfg,
+        0,
+    )
+    .unwrap_err();
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("the GRPO loss is") && message.contains("in epoch 1 (policy"),
+        "{message}"
+    );
+    assert_eq!(trainable_values(&agent), before);
+}

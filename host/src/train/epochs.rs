@@ -86,7 +86,7 @@ pub(super) fn micro_batches(
 }
 
 impl Epochs<'_> {
-    /// Runs the epochs. `loss(epoch, part, scored, width)` is the algorithm's loss on one
+    /// Runs the epochs. `loss(part, scored, width)` is the algorithm's loss on one
     /// micro-batch (`part`: sample indices; `scored`: the policy's differentiable log-probs,
     /// values and entropies of those samples, right-aligned in rows of `width`), a token
     /// mean over the micro-batch, and its five statistics; this weighs both by the
@@ -95,11 +95,13 @@ impl Epochs<'_> {
     /// the micro-batches it owns (the j-th of a minibatch belongs to rank j mod size), and
     /// before each AdamW step the ranks exchange them and every rank adds them in the
     /// micro-batches' order, as one process adds its own: every rank makes the update one
-    /// process would make on the whole batch, to the bit.
+    /// process would make on the whole batch, to the bit. A loss that is not finite stops
+    /// the update, naming the algorithm and the first three statistics (`names`).
     pub fn optimize(
         &self,
         optimizer: &mut AgentOptimizer,
-        mut loss: impl FnMut(usize, &[usize], &Scored, usize) -> anyhow::Result<(Tensor, [f32; 5])>,
+        names: (&str, [&str; 3]),
+        mut loss: impl FnMut(&[usize], &Scored, usize) -> anyhow::Result<(Tensor, [f32; 5])>,
     ) -> anyhow::Result<Optimized> {
         let Epochs {
             world,
@@ -171,7 +173,19 @@ impl Epochs<'_> {
                         )?;
                         (s, None)
                     };
-                    let (value, stats) = loss(epoch, part, &new, width)?;
+                    let (value, stats) = loss(part, &new, width)?;
+                    let total = value.to_scalar::<f32>()?;
+                    if !total.is_finite() {
+                        let (algorithm, [a, b, c]) = names;
+                        bail!(
+                            "the {algorithm} loss is {total} in epoch {} ({a} {}, {b} {}, {c} \
+                             {}); the rewards' magnitude or the learning rate may be to blame",
+                            epoch + 1,
+                            stats[0],
+                            stats[1],
+                            stats[2]
+                        );
+                    }
                     let started = Instant::now();
                     let grads = Loss {
                         value: (value * share)?,

@@ -13,8 +13,8 @@ use anyhow::{bail, Context};
 
 use super::epochs::Epochs;
 use super::ppo::{
-    masked_mean, policy_loss, recorded_logprobs, right_aligned, score_sharded, select, Batch,
-    KlController, PpoConfig, StepStats,
+    masked_mean, per_response, policy_loss, recorded_logprobs, right_aligned, score_sharded,
+    select, token_kl, Batch, KlController, PpoConfig, StepStats,
 };
 use crate::distributed::World;
 use crate::model::Agent;
@@ -117,19 +117,7 @@ pub fn grpo_step_in(
     let mask = aligned(ones.iter().map(Vec::as_slice).collect());
     let score_seconds = scoring.elapsed().as_secs_f64();
     // The KL before the update, per response, as PPO logs it (and its controller reads).
-    let kl_per_response: f32 = old_lp
-        .iter()
-        .zip(&ref_lp)
-        .zip(&mask)
-        .map(|((lp, rf), m)| {
-            lp.iter()
-                .zip(rf)
-                .zip(m)
-                .map(|((a, b), m)| cfg.kl_estimator.estimate(*a, *b) * m)
-                .sum::<f32>()
-        })
-        .sum::<f32>()
-        / samples.len() as f32;
+    let kl_per_response = per_response(&token_kl(&old_lp, &ref_lp, &mask, cfg.kl_estimator));
     // Each response's advantage on each of its tokens.
     let token_advantages: Vec<Vec<f32>> = mask
         .iter()
@@ -146,7 +134,8 @@ pub fn grpo_step_in(
         seed,
         score_seconds,
     };
-    let done = epochs.optimize(optimizer, |epoch, part, new, width| {
+    let names = ("GRPO", ["policy", "KL", "entropy"]);
+    let done = epochs.optimize(optimizer, names, |part, new, width| {
         let m = select(&mask, part, width, &dev)?;
         let (pg, loss_stats) = policy_loss(
             &new.logprobs,
@@ -160,17 +149,6 @@ pub fn grpo_step_in(
         let kl = masked_mean(&((d.exp()? - &d)? - 1.0)?, &m)?;
         let entropy = masked_mean(&new.entropy, &m)?;
         let loss = ((&pg + (&kl * beta)?)? - (&entropy * cfg.ent_coef)?)?;
-        let value = loss.to_scalar::<f32>()?;
-        if !value.is_finite() {
-            bail!(
-                "the GRPO loss is {value} in epoch {} (policy {}, KL {}, entropy {}); the \
-                 rewards' magnitude or the learning rate may be to blame",
-                epoch + 1,
-                pg.to_scalar::<f32>()?,
-                kl.to_scalar::<f32>()?,
-                entropy.to_scalar::<f32>()?
-            );
-        }
         Ok((
             loss,
             [

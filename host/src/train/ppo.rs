@@ -232,20 +232,8 @@ pub fn ppo_step_in(
     );
     let score_seconds = scoring.elapsed().as_secs_f64();
 
-    let kl: Vec<Vec<f32>> = old_lp
-        .iter()
-        .zip(&ref_lp)
-        .zip(&mask)
-        .map(|((lp, rf), m)| {
-            lp.iter()
-                .zip(rf)
-                .zip(m)
-                .map(|((a, b), m)| cfg.kl_estimator.estimate(*a, *b) * m)
-                .collect()
-        })
-        .collect();
-    let kl_per_response: f32 =
-        kl.iter().map(|r| r.iter().sum::<f32>()).sum::<f32>() / samples.len() as f32;
+    let kl = token_kl(&old_lp, &ref_lp, &mask, cfg.kl_estimator);
+    let kl_per_response = per_response(&kl);
     let scores: Vec<f32> = samples.iter().map(|s| s.reward).collect();
     let kl_coef = kl_control.value();
     let rewards = token_rewards(&kl, &mask, &scores, kl_coef as f32);
@@ -274,7 +262,8 @@ pub fn ppo_step_in(
         seed,
         score_seconds,
     };
-    let done = epochs.optimize(optimizer, |epoch, part, new, width| {
+    let names = ("PPO", ["policy", "value", "entropy"]);
+    let done = epochs.optimize(optimizer, names, |part, new, width| {
         let m = select(&mask, part, width, &dev)?;
         let (pg, loss_stats) = policy_loss(
             &new.logprobs,
@@ -292,17 +281,6 @@ pub fn ppo_step_in(
         )?;
         let entropy = masked_mean(&new.entropy, &m)?;
         let loss = ((&pg + (&vf * cfg.vf_coef)?)? - (&entropy * cfg.ent_coef)?)?;
-        let value = loss.to_scalar::<f32>()?;
-        if !value.is_finite() {
-            bail!(
-                "the PPO loss is {value} in epoch {} (policy {}, value {}, entropy {}); \
-                 the rewards' magnitude or the learning rate may be to blame",
-                epoch + 1,
-                pg.to_scalar::<f32>()?,
-                vf.to_scalar::<f32>()?,
-                entropy.to_scalar::<f32>()?
-            );
-        }
         Ok((
             loss,
             [
@@ -400,6 +378,33 @@ pub(super) fn score_sharded(
 }
 
 // ---- Token rewards, advantages, whitening.
+
+/// The per-token KL to the reference of right-aligned responses (0 off the mask), by
+/// `estimator`, from the policy's and the reference's log-probs.
+pub(super) fn token_kl(
+    logprobs: &[Vec<f32>],
+    reference: &[Vec<f32>],
+    mask: &[Vec<f32>],
+    estimator: KlEstimator,
+) -> Vec<Vec<f32>> {
+    logprobs
+        .iter()
+        .zip(reference)
+        .zip(mask)
+        .map(|((lp, rf), m)| {
+            lp.iter()
+                .zip(rf)
+                .zip(m)
+                .map(|((a, b), m)| estimator.estimate(*a, *b) * m)
+                .collect()
+        })
+        .collect()
+}
+
+/// The mean over responses of each response's summed per-token `kl`.
+pub(super) fn per_response(kl: &[Vec<f32>]) -> f32 {
+    kl.iter().map(|r| r.iter().sum::<f32>()).sum::<f32>() / kl.len() as f32
+}
 
 /// Token rewards of one batch: `-kl_coef * kl[b][k]` on every real token, plus the shaped
 /// scalar `score[b]` on the response's last real token.
