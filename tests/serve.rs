@@ -851,6 +851,7 @@ fn a_seated_debate_does_not_depend_on_what_was_asked_before() {
         let device = candle_core::Device::Cpu;
         let head = ValueHead::new(hidden, candle_core::DType::F32, &device, 7).unwrap();
         agent.value_head = Some(head);
+        team.mark_learner(a);
     }
     let user = |q: &str| ChatMessage {
         role: Role::User,
