@@ -22,6 +22,8 @@ pub(super) struct Epochs<'a> {
     pub world: &'a dyn World,
     pub agent: &'a Agent,
     pub samples: &'a [Sample],
+    /// Each sample's (prompt, response) tokens, as the caller scored them before.
+    pub pairs: &'a [(Vec<u32>, Vec<u32>)],
     /// Epochs, minibatches, micro-batching, gradient clipping, scoring chunk and
     /// checkpointing.
     pub cfg: &'a PpoConfig,
@@ -107,16 +109,13 @@ impl Epochs<'_> {
             world,
             agent,
             samples,
+            pairs,
             cfg,
             temperature,
             seed,
             ..
         } = *self;
         let (rank, size) = (world.rank(), world.size());
-        let pairs: Vec<(Vec<u32>, Vec<u32>)> = samples
-            .iter()
-            .map(|s| (s.prompt.clone(), s.response.clone()))
-            .collect();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..samples.len()).collect();
         let lengths: Vec<usize> = pairs.iter().map(|(p, r)| p.len() + r.len()).collect();
@@ -225,6 +224,9 @@ impl Epochs<'_> {
                 n += 1.0;
             }
         }
+        if n == 0.0 {
+            bail!("no optimizer step: no samples");
+        }
         let done = Optimized {
             means: sums.map(|s| s / n),
             grad_norm: grad_norm / n,
@@ -234,9 +236,6 @@ impl Epochs<'_> {
         if let Some(path) = shapes_to {
             record_batches(&path, samples, &optimizer_steps, self.score_seconds, &done)
                 .context("writing MAPORL_BENCH_PPO_BATCHES")?;
-        }
-        if n == 0.0 {
-            bail!("no optimizer step: no samples");
         }
         Ok(done)
     }

@@ -129,6 +129,7 @@ pub fn grpo_step_in(
         world,
         agent,
         samples,
+        pairs: &pairs,
         cfg,
         temperature,
         seed,

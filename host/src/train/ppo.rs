@@ -257,6 +257,7 @@ pub fn ppo_step_in(
         world,
         agent,
         samples,
+        pairs: &pairs,
         cfg,
         temperature,
         seed,
